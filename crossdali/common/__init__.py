@@ -1,0 +1,1 @@
+"""Framework-free DALI pipelines and helpers. Never imports torch, tensorflow or mxnet."""

@@ -1,0 +1,196 @@
+"""ResNet-50 train and val pipelines, defined once for every framework (DALI functional API).
+
+train: fused decode + random crop (area [0.08, 1], aspect [3/4, 4/3]) -> resize to the crop size
+       with antialiasing -> crop_mirror_normalize (coin-flip mirror, ImageNet mean/std).
+val:   decode -> resize shorter side to crop * 256/224 -> centre crop -> normalize. No flip,
+       no shuffle, padded last batch so that an iterator can drop the padding (exactly once).
+
+``device="gpu"`` decodes with the mixed (nvJPEG / hardware JPEG) decoder and runs the rest on the
+GPU; ``device="cpu"`` runs everything on the CPU with ``device_id=None`` (no GPU needed). Outputs
+are ``images`` (float32/float16, CHW or HWC) and ``labels`` (int64, shape ``(1,)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crossdali.common.sources import DataSource
+
+__all__ = [
+    "READER_NAME",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "PipelineOptions",
+    "ClassificationTransform",
+    "create_classification_pipeline",
+]
+
+#: Name of the reader operator; iterators pass it as ``reader_name=`` to size epochs.
+READER_NAME = "Reader"
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+# nvJPEG scratch buffers sized for ImageNet's largest images, so the first epoch does not
+# reallocate (values from DALI's RN50 example; harmless elsewhere).
+_DEVICE_MEMORY_PADDING = 211_025_920
+_HOST_MEMORY_PADDING = 140_544_512
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """How a pipeline runs: where, how many threads, which shard, which seed.
+
+    ``shard_id``/``num_shards`` must come from the GLOBAL rank and world size
+    (``crossdali.common.distributed.detect_distributed``). ``seed`` fixes both the shuffle and
+    the augmentation; each shard derives its augmentation seed from it so shards differ.
+    ``hw_decoder_load`` is the share of JPEGs sent to the hardware JPEG decoder (A100/H100);
+    1.0 measured fastest on an H100 with few CPU threads (results/classification_gpu.json).
+    """
+
+    batch_size: int = 256
+    device: str = "cpu"
+    device_id: int | None = None
+    num_threads: int = 4
+    seed: int = 0
+    shard_id: int = 0
+    num_shards: int = 1
+    prefetch_queue_depth: int = 2
+    hw_decoder_load: float = 1.0
+    initial_fill: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', got {self.device!r}")
+        if self.device == "gpu" and self.device_id is None:
+            raise ValueError("device='gpu' needs device_id (the local GPU index, e.g. the local rank)")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be positive, got {self.num_threads}")
+        if self.num_shards < 1 or not 0 <= self.shard_id < self.num_shards:
+            raise ValueError(f"shard_id must be in [0, num_shards={self.num_shards}), got {self.shard_id}")
+        if not 0.0 <= self.hw_decoder_load <= 1.0:
+            raise ValueError(f"hw_decoder_load must be in [0, 1], got {self.hw_decoder_load}")
+        if self.prefetch_queue_depth < 1:
+            raise ValueError(f"prefetch_queue_depth must be positive, got {self.prefetch_queue_depth}")
+
+    @property
+    def pipeline_device_id(self) -> int | None:
+        """``device_id`` for ``Pipeline``: ``None`` in CPU mode, so no CUDA context is created."""
+        return self.device_id if self.device == "gpu" else None
+
+
+@dataclass(frozen=True)
+class ClassificationTransform:
+    """The preset: sizes, augmentation ranges, output layout and type."""
+
+    crop_size: int = 224
+    resize_size: int | None = None  # val: shorter side before the centre crop; default crop*256/224
+    random_area: tuple[float, float] = (0.08, 1.0)
+    random_aspect_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    output_layout: str = "CHW"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.crop_size < 1:
+            raise ValueError(f"crop_size must be positive, got {self.crop_size}")
+        if self.output_layout not in ("CHW", "HWC"):
+            raise ValueError(f"output_layout must be 'CHW' or 'HWC', got {self.output_layout!r}")
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype must be 'float32' or 'float16', got {self.dtype!r}")
+        lo, hi = self.random_area
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"random_area must satisfy 0 < min <= max <= 1, got {self.random_area}")
+
+    @property
+    def val_resize_size(self) -> int:
+        return self.resize_size if self.resize_size is not None else round(self.crop_size * 256 / 224)
+
+
+def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
+    """The reader for ``source``: (encoded bytes, int64 label of shape (1,))."""
+    from nvidia.dali import fn, types  # defer: keeps `import crossdali.common` light
+
+    sharding = dict(shard_id=opts.shard_id, num_shards=opts.num_shards, name=READER_NAME,
+                    pad_last_batch=True, seed=opts.seed)
+    if source.format in ("imagefolder", "filelist"):
+        # shuffle_after_epoch: a global reshuffle every epoch with the same seed on every shard,
+        # so shards stay disjoint (random_shuffle only shuffles inside a shard's buffer).
+        jpegs, labels = fn.readers.file(files=list(source.files), labels=list(source.labels),
+                                        shuffle_after_epoch=train, **sharding)
+    else:
+        shuffle = dict(random_shuffle=train, initial_fill=opts.initial_fill)
+        if source.format == "tfrecord":
+            import nvidia.dali.tfrecord as tfrec
+
+            from crossdali.common.sample_data.formats import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY
+
+            features = {
+                TFRECORD_IMAGE_KEY: tfrec.FixedLenFeature((), tfrec.string, ""),
+                TFRECORD_LABEL_KEY: tfrec.FixedLenFeature([1], tfrec.int64, -1),
+            }
+            out = fn.readers.tfrecord(path=list(source.paths), index_path=list(source.index_paths),
+                                      features=features, **shuffle, **sharding)
+            jpegs, labels = out[TFRECORD_IMAGE_KEY], out[TFRECORD_LABEL_KEY]
+        elif source.format == "recordio":
+            jpegs, labels = fn.readers.mxnet(path=list(source.paths), index_path=list(source.index_paths),
+                                             **shuffle, **sharding)
+        else:
+            raise ValueError(f"unknown source format {source.format!r}")
+    return jpegs, fn.cast(labels, dtype=types.INT64)
+
+
+def create_classification_pipeline(
+    source: DataSource,
+    *,
+    train: bool,
+    options: PipelineOptions,
+    transform: ClassificationTransform | None = None,
+):
+    """Build (but do not start) the train or val pipeline over ``source``.
+
+    Returns a ``nvidia.dali.Pipeline`` with outputs ``(images, labels)``; call ``.build()`` or hand
+    it to a framework iterator.
+    """
+    from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
+
+    t = transform or ClassificationTransform()
+    opts = options
+    gpu = opts.device == "gpu"
+    decoder_device = "mixed" if gpu else "cpu"
+    decoder_args = (
+        dict(hw_decoder_load=opts.hw_decoder_load, device_memory_padding=_DEVICE_MEMORY_PADDING,
+             host_memory_padding=_HOST_MEMORY_PADDING, preallocate_width_hint=5980 if train else 0,
+             preallocate_height_hint=6430 if train else 0)
+        if gpu else {}
+    )
+    dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT
+
+    @pipeline_def(batch_size=opts.batch_size, num_threads=opts.num_threads,
+                  device_id=opts.pipeline_device_id, seed=opts.seed + 1_000_003 * opts.shard_id,
+                  prefetch_queue_depth=opts.prefetch_queue_depth)
+    def classification_pipeline():
+        jpegs, labels = _reader(source, train=train, opts=opts)
+        if train:
+            images = fn.decoders.image_random_crop(
+                jpegs, device=decoder_device, output_type=types.RGB,
+                random_area=list(t.random_area), random_aspect_ratio=list(t.random_aspect_ratio),
+                num_attempts=100, **decoder_args)
+            images = fn.resize(images, resize_x=t.crop_size, resize_y=t.crop_size,
+                               interp_type=types.INTERP_LINEAR, antialias=True)
+            mirror = fn.random.coin_flip(probability=0.5)
+        else:
+            images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **decoder_args)
+            images = fn.resize(images, resize_shorter=t.val_resize_size,
+                               interp_type=types.INTERP_LINEAR, antialias=True)
+            mirror = False
+        images = fn.crop_mirror_normalize(
+            images, dtype=dtype, output_layout=t.output_layout, crop=(t.crop_size, t.crop_size),
+            mean=list(t.mean), std=list(t.std), mirror=mirror)
+        if gpu:
+            labels = labels.gpu()
+        return images, labels
+
+    return classification_pipeline()

@@ -1,0 +1,87 @@
+"""Rank, local rank and world size from whichever launcher started this process.
+
+Data sharding must use the GLOBAL rank: sharding by local rank (as DALI's RN50 example does) makes
+every node read the same shards when a job spans more than one node.
+
+Launchers and the variables they set (first match wins, in this order):
+
+=====================  ======================  ========================  =====================
+launcher               rank                    world size                local rank
+=====================  ======================  ========================  =====================
+torchrun               RANK                    WORLD_SIZE                LOCAL_RANK
+horovodrun (gloo)      HOROVOD_RANK            HOROVOD_SIZE              HOROVOD_LOCAL_RANK
+Open MPI (mpirun,      OMPI_COMM_WORLD_RANK    OMPI_COMM_WORLD_SIZE      OMPI_COMM_WORLD_LOCAL_RANK
+horovodrun over MPI)
+MPICH / Intel MPI      PMI_RANK                PMI_SIZE                  MPI_LOCALRANKID
+Slurm (srun)           SLURM_PROCID            SLURM_NTASKS              SLURM_LOCALID
+=====================  ======================  ========================  =====================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["DistInfo", "detect_distributed", "LAUNCHER_VARIABLES"]
+
+#: launcher name -> (rank, world size, local rank) variable names, in detection order.
+LAUNCHER_VARIABLES: dict[str, tuple[str, str, str]] = {
+    "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    "horovodrun": ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK"),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    "mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+}
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job. ``launcher`` is ``"none"`` for a plain ``python`` run."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    launcher: str = "none"
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _int(env: Mapping[str, str], name: str, launcher: str) -> int:
+    value = env[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} (set by {launcher}) is not an integer") from None
+
+
+def detect_distributed(env: Mapping[str, str] | None = None) -> DistInfo:
+    """Read rank / world size / local rank from the environment of any supported launcher.
+
+    ``env`` defaults to ``os.environ``. Raises ``ValueError`` for inconsistent values (for
+    example a rank outside ``[0, world_size)``) so a misconfigured job fails before training.
+    """
+    env = os.environ if env is None else env
+    for launcher, (rank_var, size_var, local_var) in LAUNCHER_VARIABLES.items():
+        if rank_var not in env or size_var not in env:
+            continue
+        rank = _int(env, rank_var, launcher)
+        world_size = _int(env, size_var, launcher)
+        # A launcher that does not say the local rank (e.g. MPICH without Hydra) runs one
+        # process per node as far as we can tell: local rank 0.
+        local_rank = _int(env, local_var, launcher) if local_var in env else 0
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"{launcher}: {rank_var}={rank} is not in [0, {size_var}={world_size}); "
+                "check the launcher's command line"
+            )
+        if local_rank < 0:
+            raise ValueError(f"{launcher}: {local_var}={local_rank} must not be negative")
+        return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, launcher=launcher)
+    return DistInfo()

@@ -1,0 +1,47 @@
+"""Embedded sample datasets in real formats, cut from real photos (no download needed).
+
+``python -m crossdali.common.sample_data --help`` (or ``crossdali make-data``) builds them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from crossdali.common.sample_data.classification import (
+    SIZES,
+    ClassificationSampleConfig,
+    build_classification,
+    class_names,
+)
+
+__all__ = [
+    "SIZES",
+    "ClassificationSampleConfig",
+    "build_classification",
+    "class_names",
+    "default_root",
+    "ensure_classification",
+    "BUILDERS",
+]
+
+
+def default_root() -> Path:
+    """Where sample data lives: ``$CROSSDALI_DATA`` or ``~/.cache/crossdali``."""
+    env = os.environ.get("CROSSDALI_DATA")
+    return Path(env) if env else Path.home() / ".cache" / "crossdali"
+
+
+def ensure_classification(root: Path | None = None, size: str = "small") -> Path:
+    """Build the classification sample set of the named ``size`` if missing; return its folder.
+
+    Each size gets its own sub-folder, so a ``bench`` build does not replace the ``small`` one.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown sample size {size!r}; choose one of {sorted(SIZES)}")
+    root = Path(root) if root is not None else default_root()
+    return build_classification(root / size, SIZES[size])
+
+
+#: kind -> builder(root, size) -> folder. ``make-data --kind`` chooses among these.
+BUILDERS = {"classification": ensure_classification}

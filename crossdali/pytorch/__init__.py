@@ -1,0 +1,14 @@
+"""PyTorch wrappers over crossdali's shared DALI pipelines.
+
+Same factory names in ``crossdali.tensorflow`` and ``crossdali.mxnet``: switching framework is
+one import line.
+"""
+
+try:
+    import torch  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the environment
+    raise ImportError("crossdali.pytorch needs PyTorch: pip install crossdali[pytorch]") from None
+
+from crossdali.pytorch.loaders import BACKENDS, create_classification_loader
+
+__all__ = ["BACKENDS", "create_classification_loader"]

@@ -1,0 +1,116 @@
+"""Data-parallel set-up for PyTorch under any launcher: DDP (torchrun, Slurm, mpirun with a
+rendezvous address) or Horovod (horovodrun) when it is importable.
+
+Rank and world size always come from ``crossdali.common.distributed``, so sharding follows the
+global rank whatever the launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from crossdali.common.distributed import DistInfo, detect_distributed
+
+__all__ = ["Runtime", "init_distributed"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    """This process's place in the job and the engine that averages gradients."""
+
+    dist: DistInfo
+    device: torch.device
+    engine: str  # "none" | "ddp" | "horovod"
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.engine == "ddp":
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> torch.optim.Optimizer:
+        if self.engine != "horovod":
+            return optimizer
+        import horovod.torch as hvd
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum ``values`` over all ranks (metrics: counts, correct predictions, loss sums)."""
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.engine == "ddp":
+            t = t.to(self.device) if torch.distributed.get_backend() == "nccl" else t
+            torch.distributed.all_reduce(t)
+        elif self.engine == "horovod":
+            import horovod.torch as hvd
+
+            t = hvd.allreduce(t, op=hvd.Sum, name="metrics")
+        return t.cpu().tolist()
+
+    def barrier(self) -> None:
+        if self.engine == "ddp":
+            torch.distributed.barrier()
+        elif self.engine == "horovod":
+            import horovod.torch as hvd
+
+            hvd.join()
+
+    def shutdown(self) -> None:
+        if self.engine == "ddp" and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _horovod_available() -> bool:
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def init_distributed(*, engine: str = "auto") -> Runtime:
+    """Start the process group the launcher asked for.
+
+    ``engine="auto"``: Horovod under horovodrun (HOROVOD_RANK set) or under plain mpirun when
+    Horovod is importable; DDP for torchrun and Slurm; a single process otherwise.
+    """
+    dist = detect_distributed()
+    if engine == "auto":
+        if dist.launcher == "horovodrun" or (dist.launcher in ("openmpi", "mpich") and _horovod_available()):
+            engine = "horovod"
+        elif dist.is_distributed:
+            engine = "ddp"
+        else:
+            engine = "none"
+    if engine == "horovod":
+        try:
+            import horovod.torch as hvd
+        except ImportError:
+            raise ImportError("this job was started by horovodrun but horovod.torch cannot be imported: "
+                              "install it with scripts/install-horovod, or launch with torchrun") from None
+        hvd.init()
+        dist = DistInfo(rank=hvd.rank(), world_size=hvd.size(), local_rank=hvd.local_rank(), launcher=dist.launcher)
+    elif engine == "ddp":
+        if "MASTER_ADDR" not in os.environ:
+            raise RuntimeError(f"{dist.world_size} processes started by {dist.launcher} but MASTER_ADDR/MASTER_PORT "
+                               "are not set: launch with torchrun, or export them for every rank")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        os.environ.setdefault("RANK", str(dist.rank))
+        os.environ.setdefault("WORLD_SIZE", str(dist.world_size))
+        torch.distributed.init_process_group(backend=backend, rank=dist.rank, world_size=dist.world_size)
+    elif engine != "none":
+        raise ValueError(f"engine must be 'auto', 'ddp', 'horovod' or 'none', got {engine!r}")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(dist.local_rank)
+        device = torch.device("cuda", dist.local_rank)
+    else:
+        device = torch.device("cpu")
+    return Runtime(dist=dist, device=device, engine=engine)

@@ -1,0 +1,70 @@
+"""One environment per framework (their numpy pins conflict), plus lint, demo and benchmarks.
+
+    nox                 # the whole test suite: every framework, then the cross-framework parity check
+    nox -s demo         # train a ResNet on the embedded sample set through DALI
+    nox -s bench        # data-loader benchmark (run it on a GPU machine for the README numbers)
+
+Every session shares one sample-data folder (.cache/data) and one parity folder (.cache/parity),
+so the frameworks compare outputs of the very same JPEG bytes. A pytest run that collects no
+test exits with 5, which nox treats as a failure: an empty suite never passes silently.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+DATA = ROOT / ".cache" / "data"
+PARITY = ROOT / ".cache" / "parity"
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "tests-pytorch"]
+
+
+def _env() -> dict[str, str]:
+    return {"CROSSDALI_DATA": str(DATA), "CROSSDALI_PARITY_DIR": str(PARITY), "PYTHONHASHSEED": "0"}
+
+
+def _install(session: nox.Session, framework: str) -> None:
+    session.install("-r", f"requirements/{framework}.txt")
+    session.install("--no-deps", "-e", ".")
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    args = session.posargs or [*paths, "-m", "not gpu"]
+    session.run("python", "-m", "pytest", *args, env=_env())
+
+
+@nox.session(name="tests-pytorch")
+def tests_pytorch(session: nox.Session) -> None:
+    """Common pipelines, PyTorch loaders and training, torchrun launches (CPU)."""
+    _install(session, "pytorch")
+    _pytest(session, "tests/common", "tests/pytorch")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, tests and scripts."""
+    session.install("-r", "requirements/lint.txt")
+    session.run("ruff", "check", "crossdali", "tests", "noxfile.py", "benchmarks")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Build the sample set if missing and train a ResNet on it through DALI (GPU if present)."""
+    _install(session, "pytorch")
+    args = session.posargs or ["--arch", "resnet18", "--crop-size", "128", "-b", "32", "--epochs", "4",
+                               "--lr", "0.2", "--lr-warmup-epochs", "1", "--output-dir", "runs/demo"]
+    session.run("python", "-m", "crossdali.pytorch.train_classification", *args,
+                env={"CROSSDALI_DATA": os.environ.get("CROSSDALI_DATA", str(DATA))})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Data-loader throughput of every PyTorch backend on the same files (JSON + PNG in results/)."""
+    _install(session, "pytorch")
+    session.run("python", "-m", "benchmarks.classification_loaders", *session.posargs, env=_env())
