@@ -32,7 +32,8 @@ def default_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "crossdali"
 
 
-def ensure_classification(root: Path | None = None, size: str = "small") -> Path:
+def ensure_classification(root: Path | None = None, size: str = "small", *,
+                          formats: tuple[str, ...] = ("imagefolder", "tfrecord", "recordio")) -> Path:
     """Build the classification sample set of the named ``size`` if missing; return its folder.
 
     Each size gets its own sub-folder, so a ``bench`` build does not replace the ``small`` one.
@@ -40,7 +41,7 @@ def ensure_classification(root: Path | None = None, size: str = "small") -> Path
     if size not in SIZES:
         raise ValueError(f"unknown sample size {size!r}; choose one of {sorted(SIZES)}")
     root = Path(root) if root is not None else default_root()
-    return build_classification(root / size, SIZES[size])
+    return build_classification(root / size, SIZES[size], formats=formats)
 
 
 #: kind -> builder(root, size) -> folder. ``make-data --kind`` chooses among these.

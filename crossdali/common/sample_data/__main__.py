@@ -15,6 +15,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--kind", choices=[*BUILDERS, "all"], default="all", help="which dataset(s) to build")
     parser.add_argument("--size", choices=sorted(SIZES), default="small", help="tiny (CI), small (default), bench")
     parser.add_argument("--root", type=Path, default=None, help="output root (default: $CROSSDALI_DATA or ~/.cache/crossdali)")
+    parser.add_argument("--formats", default="imagefolder,tfrecord,recordio",
+                        help="classification formats to write (comma-separated; imagefolder is always written)")
     return parser
 
 
@@ -24,7 +26,8 @@ def main(args: argparse.Namespace) -> None:
     kinds = list(BUILDERS) if args.kind == "all" else [args.kind]
     for kind in kinds:
         start = time.perf_counter()
-        folder = BUILDERS[kind](root, args.size)
+        kwargs = {"formats": tuple(args.formats.split(","))} if kind == "classification" else {}
+        folder = BUILDERS[kind](root, args.size, **kwargs)
         print(f"{kind} ({args.size}): {folder}  [{time.perf_counter() - start:.1f} s]")
 
 

@@ -99,17 +99,26 @@ def _samples(split: str, cfg: ClassificationSampleConfig):
             yield label, i, _make_sample(photo, rng, cfg)
 
 
-def build_classification(root: Path, cfg: ClassificationSampleConfig, *, force: bool = False) -> Path:
+FORMATS = ("imagefolder", "tfrecord", "recordio")
+
+
+def build_classification(root: Path, cfg: ClassificationSampleConfig, *, formats: tuple[str, ...] = FORMATS,
+                         force: bool = False) -> Path:
     """Build the classification sample set under ``root/classification``; return that folder.
 
-    An existing set built with the same config is reused (unless ``force``). The set is written
-    to a temporary folder and renamed into place, so an interrupted build is never reused.
+    An existing set built with the same config and formats is reused (unless ``force``). The set
+    is written to a temporary folder and renamed into place, so an interrupted build is never
+    reused. ``formats`` may leave out the record formats (e.g. where ``tfrecord`` is not installed).
     """
+    unknown = set(formats) - set(FORMATS)
+    if unknown or "imagefolder" not in formats:
+        raise ValueError(f"formats must include 'imagefolder' and be among {FORMATS}, got {formats}")
     out = Path(root) / "classification"
     manifest_path = out / "manifest.json"
     if not force and manifest_path.is_file():
         try:
-            if json.loads(manifest_path.read_text())["config"] == asdict(cfg):
+            manifest = json.loads(manifest_path.read_text())
+            if manifest["config"] == asdict(cfg) and set(formats) <= set(manifest["formats"]):
                 return out
         except (ValueError, KeyError):
             pass  # unreadable manifest: rebuild
@@ -128,13 +137,15 @@ def build_classification(root: Path, cfg: ClassificationSampleConfig, *, force: 
             lines.append(f"{rel} {label}\n")
             samples.append((jpeg, label))
         (tmp / "imagefolder" / f"{split}.txt").write_text("".join(lines))
-        (tmp / "tfrecord").mkdir(exist_ok=True)
-        write_tfrecord(tmp / "tfrecord" / f"{split}.tfrecord", samples)
-        (tmp / "recordio").mkdir(exist_ok=True)
-        write_recordio(tmp / "recordio" / f"{split}.rec", samples)
+        if "tfrecord" in formats:
+            (tmp / "tfrecord").mkdir(exist_ok=True)
+            write_tfrecord(tmp / "tfrecord" / f"{split}.tfrecord", samples)
+        if "recordio" in formats:
+            (tmp / "recordio").mkdir(exist_ok=True)
+            write_recordio(tmp / "recordio" / f"{split}.rec", samples)
         counts[split] = len(samples)
         log.info("classification %s: %d samples", split, len(samples))
-    manifest = {"config": asdict(cfg), "classes": names, "counts": counts}
+    manifest = {"config": asdict(cfg), "formats": list(formats), "classes": names, "counts": counts}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
