@@ -2,8 +2,9 @@
 
 train: fused decode + random crop (area [0.08, 1], aspect [3/4, 4/3]) -> resize to the crop size
        with antialiasing -> crop_mirror_normalize (coin-flip mirror, ImageNet mean/std).
-val:   decode -> resize shorter side to crop * 256/224 -> centre crop -> normalize. No flip,
-       no shuffle, padded last batch so that an iterator can drop the padding (exactly once).
+val:   decode -> resize shorter side to crop * 256/224 -> centre crop -> normalize, with sizes
+       and crop positions rounded as torchvision rounds them. No flip, no shuffle, padded last
+       batch so that an iterator can drop the padding (exactly once).
 
 ``device="gpu"`` decodes with the mixed (nvJPEG / hardware JPEG) decoder and runs the rest on the
 GPU; ``device="cpu"`` runs everything on the CPU with ``device_id=None`` (no GPU needed). Outputs
@@ -142,6 +143,35 @@ def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
     return jpegs, fn.cast(labels, dtype=types.INT64)
 
 
+def _val_geometry(jpegs, *, resize: int, crop: int):
+    """Resize sizes and centre-crop positions computed exactly as torchvision computes them.
+
+    DALI's ``resize_shorter`` rounds the longer side and its centre crop rounds the anchor half
+    up; torchvision's ``Resize(int)`` truncates the longer side and ``CenterCrop`` rounds the
+    anchor half to even. Matching them here makes DALI's val images agree with torchvision's to
+    a fraction of a grey level (tests/pytorch/test_native_parity.py), so accuracy measured on
+    either is comparable. Integer arithmetic on the encoded image's shape, on the CPU.
+    """
+    import nvidia.dali.math as dmath
+    from nvidia.dali import fn, types
+
+    shape = fn.peek_image_shape(jpegs)
+    h, w = shape[0], shape[1]
+    longer = (resize * dmath.max(h, w)) // dmath.min(h, w)
+    h_is_short = h <= w
+    out_h = h_is_short * resize + (1 - h_is_short) * longer
+    out_w = (1 - h_is_short) * resize + h_is_short * longer
+
+    def centre(n):  # torchvision: int(round((n - crop) / 2)), Python's half-to-even round
+        d = n - crop
+        half = d // 2
+        anchor = half + (d % 2) * (half % 2)
+        return fn.cast(anchor, dtype=types.FLOAT) / fn.cast(dmath.max(d, 1), dtype=types.FLOAT)
+
+    as_float = dict(dtype=types.FLOAT)
+    return fn.cast(out_h, **as_float), fn.cast(out_w, **as_float), centre(out_h), centre(out_w)
+
+
 def create_classification_pipeline(
     source: DataSource,
     *,
@@ -180,15 +210,16 @@ def create_classification_pipeline(
                 num_attempts=100, **decoder_args)
             images = fn.resize(images, resize_x=t.crop_size, resize_y=t.crop_size,
                                interp_type=types.INTERP_LINEAR, antialias=True)
-            mirror = fn.random.coin_flip(probability=0.5)
+            mirror, crop_pos = fn.random.coin_flip(probability=0.5), {}
         else:
+            out_h, out_w, crop_y, crop_x = _val_geometry(jpegs, resize=t.val_resize_size, crop=t.crop_size)
             images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **decoder_args)
-            images = fn.resize(images, resize_shorter=t.val_resize_size,
+            images = fn.resize(images, resize_x=out_w, resize_y=out_h,
                                interp_type=types.INTERP_LINEAR, antialias=True)
-            mirror = False
+            mirror, crop_pos = False, dict(crop_pos_x=crop_x, crop_pos_y=crop_y)
         images = fn.crop_mirror_normalize(
             images, dtype=dtype, output_layout=t.output_layout, crop=(t.crop_size, t.crop_size),
-            mean=list(t.mean), std=list(t.std), mirror=mirror)
+            mean=list(t.mean), std=list(t.std), mirror=mirror, **crop_pos)
         if gpu:
             labels = labels.gpu()
         return images, labels
