@@ -1,0 +1,103 @@
+"""PyTorch loaders: every backend yields the same kind of batch; epochs are exactly-once."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from crossdali.common.distributed import DistInfo  # noqa: E402
+from crossdali.common.sources import DataError, resolve_source  # noqa: E402
+from crossdali.pytorch import create_classification_loader  # noqa: E402
+
+CROP = 48
+
+
+@pytest.mark.parametrize("backend", ["dali-cpu", "native", "synthetic"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_backends_yield_torch_batches(tiny_classification, backend, train):
+    loader = create_classification_loader(tiny_classification / "imagefolder", train=train, backend=backend,
+                                          batch_size=16, crop_size=CROP, workers=2)
+    batches = list(loader)
+    assert len(batches) == len(loader) == (17 if train else 4)  # 264 / 16 and 55 / 16, rounded up
+    for images, labels in batches:
+        assert isinstance(images, torch.Tensor) and images.dtype == torch.float32
+        assert images.shape[1:] == (3, CROP, CROP) and images.device.type == "cpu"
+        assert labels.dtype == torch.int64 and labels.shape == (images.shape[0],)
+        assert 0 <= int(labels.min()) and int(labels.max()) < 11
+    assert sum(len(lab) for _, lab in batches) == (264 if train else 55) or backend == "synthetic"
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+def test_dali_reads_record_formats(tiny_classification, fmt):
+    loader = create_classification_loader(tiny_classification / fmt, train=False, backend="dali-cpu",
+                                          batch_size=16, crop_size=CROP, workers=2)
+    labels = torch.cat([lab for _, lab in loader])
+    assert labels.tolist() == list(resolve_source(tiny_classification / "imagefolder", "val").labels)
+
+
+@pytest.mark.parametrize("backend", ["dali-cpu", "native"])
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_val_exactly_once_over_shards(indexed_val_source, assert_epoch_coverage, backend, shards):
+    seen: list[list[list[int]]] = [[], []]
+    for rank in range(shards):
+        loader = create_classification_loader(indexed_val_source, train=False, backend=backend, batch_size=8,
+                                              crop_size=16, workers=1, dist=DistInfo(rank, shards, rank, "test"))
+        for epoch in range(2):  # the second epoch must be exactly-once as well
+            seen[epoch].append([i for _, lab in loader for i in lab.tolist()])
+    for epoch in seen:
+        assert_epoch_coverage(epoch, indexed_val_source.num_samples)
+
+
+def test_train_single_process_sees_every_sample_each_epoch(indexed_val_source, assert_epoch_coverage):
+    loader = create_classification_loader(indexed_val_source, train=True, backend="dali-cpu", batch_size=8,
+                                          crop_size=16, workers=1)
+    epochs = [[i for _, lab in loader for i in lab.tolist()] for _ in range(2)]
+    for labels in epochs:
+        assert_epoch_coverage([labels], indexed_val_source.num_samples)
+    assert epochs[0] != epochs[1]  # reshuffled between epochs
+
+
+def test_train_under_two_ranks_takes_equal_steps_and_stays_disjoint(indexed_val_source):
+    per_rank = []
+    for rank in range(2):
+        loader = create_classification_loader(indexed_val_source, train=True, backend="dali-cpu", batch_size=8,
+                                              crop_size=16, workers=1, dist=DistInfo(rank, 2, rank, "test"))
+        batches = [lab.tolist() for _, lab in loader]
+        assert len(batches) == len(loader) == 3 and all(len(b) == 8 for b in batches)  # 27 // 8 full batches
+        per_rank.append({i for b in batches for i in b})
+    assert not per_rank[0] & per_rank[1]
+
+
+def test_native_backend_rejects_record_formats(tiny_classification):
+    with pytest.raises(DataError, match="native PyTorch backend reads image files"):
+        create_classification_loader(tiny_classification / "tfrecord", train=False, backend="native")
+
+
+def test_unknown_backend_and_missing_gpu():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        create_classification_loader("x", train=False, backend="dali")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="dali-gpu needs a CUDA GPU"):
+            from crossdali.common.sources import DataSource
+
+            src = DataSource(format="filelist", root=None, files=("a.jpg",), labels=(0,), num_samples=1)
+            create_classification_loader(src, train=False, backend="dali-gpu")
+
+
+def test_corrupt_jpeg_error_names_the_file(tmp_path, tiny_classification):
+    import shutil
+
+    for cls in ("a", "b"):
+        (tmp_path / "val" / cls).mkdir(parents=True)
+        for f in sorted((tiny_classification / "imagefolder" / "val" / "coffee").glob("*.jpg"))[:3]:
+            shutil.copy(f, tmp_path / "val" / cls / f.name)
+    bad = tmp_path / "val" / "b" / "zz_broken.jpg"
+    bad.write_bytes((tmp_path / "val" / "a" / "0000.jpg").read_bytes()[:300] + bytes(range(256)) * 8)
+    loader = create_classification_loader(tmp_path, train=False, backend="dali-cpu", batch_size=4, crop_size=16)
+    with pytest.raises(DataError, match="zz_broken.jpg cannot be decoded"):
+        list(loader)
+    native = create_classification_loader(tmp_path, train=False, backend="native", batch_size=4, crop_size=16,
+                                          workers=0)
+    with pytest.raises(DataError, match="zz_broken.jpg cannot be decoded"):
+        list(native)
