@@ -1,0 +1,15 @@
+"""MXNet wrappers over crossdali's shared DALI pipelines (DALI >= 1.40 has no MXNet plugin).
+
+Same factory names as ``crossdali.pytorch`` and ``crossdali.tensorflow``: switching framework is
+one import line.
+"""
+
+try:
+    import mxnet  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the environment
+    raise ImportError("crossdali.mxnet needs mxnet: pip install -r requirements/mxnet.txt "
+                      "(mxnet==1.9.1 with numpy==1.23.5, in an environment of its own)") from None
+
+from crossdali.mxnet.loaders import BACKENDS, DALIClassificationIter, create_classification_loader
+
+__all__ = ["BACKENDS", "DALIClassificationIter", "create_classification_loader"]

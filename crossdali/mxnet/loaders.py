@@ -1,0 +1,319 @@
+"""``create_classification_loader``: ``mx.io.DataIter`` batches from any backend.
+
+DALI dropped its MXNet plugin after 1.39, so the DALI iterator is written here: a thin
+``mx.io.DataIter`` over DALI's framework-neutral ``_DaliBaseIterator`` (the base DALI's own
+PyTorch/TF/JAX/Paddle iterators share), which does the epoch accounting. Backends, chosen by name:
+
+- ``dali-gpu``: the shared DALI pipeline with the mixed decoder; NDArrays on ``gpu(device_id)``.
+- ``dali-cpu``: the same pipeline entirely on the CPU; NDArrays on ``cpu()``.
+- ``native``: ``mx.io.ImageRecordIter`` (MXNet's C++ RecordIO loader) with the closest preset
+  MXNet offers (the baseline; needs RecordIO data).
+- ``synthetic``: one random batch repeated, to measure the model without any input pipeline.
+
+Every backend yields ``mx.io.DataBatch`` with ``data=[images (N, C, H, W)]`` and
+``label=[labels (N,) float32]`` and follows MXNet's last-batch convention: every batch has
+``batch_size`` rows and the last one says in ``pad`` how many trailing rows are padding.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+from nvidia.dali.plugin.base_iterator import _DaliBaseIterator
+
+from crossdali.common.classification import (
+    READER_NAME,
+    ClassificationTransform,
+    PipelineOptions,
+    create_classification_pipeline,
+)
+from crossdali.common.distributed import DistInfo
+from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
+from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
+
+__all__ = ["BACKENDS", "DATA_NAME", "LABEL_NAME", "DALIClassificationIter", "create_classification_loader"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("dali-gpu", "dali-cpu", "native", "synthetic")
+#: Names ``Module`` binds the batch to (``mx.sym.SoftmaxOutput`` reads ``softmax_label``).
+DATA_NAME = "data"
+LABEL_NAME = "softmax_label"
+
+
+def _descs(batch_size: int, crop_size: int, dtype: str) -> tuple[list[mx.io.DataDesc], list[mx.io.DataDesc]]:
+    data = mx.io.DataDesc(DATA_NAME, (batch_size, 3, crop_size, crop_size), np.dtype(dtype), layout="NCHW")
+    label = mx.io.DataDesc(LABEL_NAME, (batch_size,), np.float32, layout="N")
+    return [data], [label]
+
+
+class DALIClassificationIter(mx.io.DataIter, _DaliBaseIterator):
+    """``mx.io.DataIter`` over the shared classification pipeline (CHW layout).
+
+    - Hand-over: the pipeline runs DALI's dynamic executor, whose outputs are never recycled,
+      so images and labels reach MXNet through DLPack without a copy (on GPU too: no host
+      round trip). The capsule keeps DALI's buffer alive while the NDArray lives. A pipeline
+      built with ``exec_dynamic=False`` gets a DALI-side copy instead.
+    - Last batch: MXNet's convention, full-size with ``DataBatch.pad`` trailing padding rows
+      (the reader repeats the shard's last sample); ``Module.score``/``predict`` drop them, a
+      Gluon loop should slice ``[: batch_size - pad]``. A batch that would be padding only (a
+      shard shorter than the longest one) is skipped.
+    - ``reset()`` works mid-epoch too (``Module.fit(epoch_size=...)``): the rest of the epoch is
+      run and discarded, so the next epoch starts at its beginning on every shard. DALI's own
+      iterators ignore such a reset instead.
+    - ``iter()`` resets if anything was consumed since the last reset, so ``for batch in it``
+      works epoch after epoch, and ``Module.fit``'s own ``reset()`` is not repeated.
+    """
+
+    def __init__(self, source: DataSource, *, train: bool, options: PipelineOptions,
+                 transform: ClassificationTransform, policy: LastBatchPolicy) -> None:
+        pipe = create_classification_pipeline(source, train=train, options=options, transform=transform)
+        mx.io.DataIter.__init__(self, options.batch_size)
+        _DaliBaseIterator.__init__(self, [pipe], reader_name=READER_NAME, auto_reset=False,
+                                   last_batch_policy=policy, prepare_first_batch=False)
+        self.source = source
+        self.num_classes = source.num_classes
+        self.policy = policy
+        self._copy = not pipe.exec_dynamic
+        self._context = mx.gpu(options.device_id) if options.device == "gpu" else mx.cpu()
+        self._provide_data, self._provide_label = _descs(options.batch_size, transform.crop_size, transform.dtype)
+        self._len = batches_per_epoch(source.num_samples, batch_size=options.batch_size,
+                                      num_shards=options.num_shards, policy=policy)
+        self._dirty = False  # anything consumed since the last reset
+
+    @property
+    def provide_data(self) -> list[mx.io.DataDesc]:
+        return self._provide_data
+
+    @property
+    def provide_label(self) -> list[mx.io.DataDesc]:
+        return self._provide_label
+
+    @property
+    def context(self) -> mx.Context:
+        return self._context
+
+    def __len__(self) -> int:
+        """Batches per epoch (an upper bound when a padding-only batch is skipped)."""
+        return self._len
+
+    def __iter__(self) -> DALIClassificationIter:
+        if self._dirty:
+            self.reset()
+        return self
+
+    def _to_mx(self, tensor) -> mx.nd.NDArray:
+        # stream=None: DALI waits on the host until its GPU work is done, since MXNet's streams
+        # are not exposed; no copy unless the executor may recycle the buffer.
+        return mx.nd.from_dlpack(tensor.__dlpack__(stream=None, copy=self._copy))
+
+    def _step(self, *, keep: bool) -> mx.io.DataBatch | None:
+        """Advance by one batch; the ``DataBatch`` if ``keep`` and it holds real samples."""
+        self._ever_consumed = True
+        self._dirty = True
+        try:
+            outputs = self._get_outputs()[0]
+        except RuntimeError as e:
+            raise explain_decode_failure(self.source, e) from e
+        batch = None
+        if keep:
+            images, labels = (self._to_mx(out.as_tensor()) for out in outputs)
+            batch = [images, labels.reshape((-1,)).astype(np.float32)]
+        self._schedule_runs()
+        self._advance_and_check_drop_last()  # raises StopIteration when DROP ends the epoch
+        if_drop, left = self._remove_padded()
+        valid = int(left[0]) if np.any(if_drop) else self.batch_size
+        if batch is None or valid <= 0:
+            return None
+        return mx.io.DataBatch(data=[batch[0]], label=[batch[1]], pad=self.batch_size - valid,
+                               provide_data=self._provide_data, provide_label=self._provide_label)
+
+    def next(self) -> mx.io.DataBatch:
+        while True:
+            batch = self._step(keep=True)
+            if batch is not None:
+                return batch
+
+    def __next__(self) -> mx.io.DataBatch:
+        return self.next()
+
+    def reset(self) -> None:
+        """Start the next epoch: at its end, or mid-way (the rest is run and discarded)."""
+        if not self._dirty:
+            return
+        if self._counter < self._size:
+            log.debug("reset mid-epoch: running the remaining batches of this epoch")
+            try:
+                while True:
+                    self._step(keep=False)
+            except StopIteration:
+                pass
+        _DaliBaseIterator.reset(self)
+        self._dirty = False
+
+
+class SyntheticIter(mx.io.DataIter):
+    """One random batch, repeated: the speed a training loop reaches with free input."""
+
+    def __init__(self, *, num_batches: int, batch_size: int, crop_size: int, num_classes: int,
+                 dtype: str, context: mx.Context) -> None:
+        super().__init__(batch_size)
+        rng = np.random.default_rng(0)
+        images = rng.standard_normal((batch_size, 3, crop_size, crop_size), dtype=np.float32)
+        self._data = mx.nd.array(images, ctx=context, dtype=dtype)
+        self._label = mx.nd.array(rng.integers(0, max(1, num_classes), batch_size), ctx=context, dtype=np.float32)
+        self._provide_data, self._provide_label = _descs(batch_size, crop_size, dtype)
+        self.num_classes, self._len, self._i = num_classes, num_batches, 0
+
+    @property
+    def provide_data(self) -> list[mx.io.DataDesc]:
+        return self._provide_data
+
+    @property
+    def provide_label(self) -> list[mx.io.DataDesc]:
+        return self._provide_label
+
+    def __len__(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._i = 0
+
+    def next(self) -> mx.io.DataBatch:
+        if self._i >= self._len:
+            raise StopIteration
+        self._i += 1
+        return mx.io.DataBatch(data=[self._data], label=[self._label], pad=0,
+                               provide_data=self._provide_data, provide_label=self._provide_label)
+
+
+class NativeRecordIter(mx.io.DataIter):
+    """``mx.io.ImageRecordIter`` with the preset closest to the DALI pipeline.
+
+    Differences MXNet does not let us remove: its random-resized-crop and resize use OpenCV
+    (``inter_method=2``, area, is the closest to DALI's antialiased linear resize), and train
+    uses MXNet's ``round_batch``: the last batch wraps around into the next epoch's first
+    samples instead of following the crossdali epoch rule.
+
+    Val is exactly once: with an index, ``num_parts`` gives rank ``r`` records
+    ``[r*step, (r+1)*step)`` with ``step = ceil(n / parts)`` (measured); with
+    ``round_batch=False`` MXNet fills the last batch with stale rows and reports ``pad=0``,
+    so this wrapper computes ``pad`` from the part size itself.
+    """
+
+    def __init__(self, source: DataSource, *, train: bool, batch_size: int, transform: ClassificationTransform,
+                 workers: int, seed: int, dist: DistInfo) -> None:
+        super().__init__(batch_size)
+        t = transform
+        preset = dict(
+            rand_crop=True, random_resized_crop=True, min_random_area=t.random_area[0],
+            max_random_area=t.random_area[1], min_aspect_ratio=t.random_aspect_ratio[0],
+            max_aspect_ratio=t.random_aspect_ratio[1], rand_mirror=True, shuffle=True,
+        ) if train else dict(resize=t.val_resize_size, rand_crop=False, rand_mirror=False, shuffle=False)
+        self._it = mx.io.ImageRecordIter(
+            path_imgrec=source.paths[0], path_imgidx=source.index_paths[0], data_shape=(3, t.crop_size, t.crop_size),
+            batch_size=batch_size, label_width=1, data_name=DATA_NAME, label_name=LABEL_NAME,
+            mean_r=t.mean[0], mean_g=t.mean[1], mean_b=t.mean[2], std_r=t.std[0], std_g=t.std[1], std_b=t.std[2],
+            inter_method=2,  # area-based (cv2.INTER_AREA) is the closest to antialiased linear
+            num_parts=dist.world_size, part_index=dist.rank, round_batch=train, preprocess_threads=max(1, workers),
+            seed=seed, seed_aug=seed + dist.rank, dtype=t.dtype, ctx="cpu", **preset)
+        self.num_classes = source.num_classes
+        self._train = train
+        n, step = source.num_samples, math.ceil(source.num_samples / dist.world_size)
+        self._part_size = min(step * (dist.rank + 1), n) - min(step * dist.rank, n)
+        self._len = math.ceil(self._part_size / batch_size)
+        self._i = 0
+
+    @property
+    def provide_data(self) -> list[mx.io.DataDesc]:
+        return self._it.provide_data
+
+    @property
+    def provide_label(self) -> list[mx.io.DataDesc]:
+        return self._it.provide_label
+
+    def __len__(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._it.reset()
+        self._i = 0
+
+    def next(self) -> mx.io.DataBatch:
+        if self._train:
+            return self._it.next()
+        if self._i >= self._len:
+            raise StopIteration
+        batch = self._it.next()
+        self._i += 1
+        if self._i == self._len:
+            batch.pad = self._len * self.batch_size - self._part_size
+        return batch
+
+
+def create_classification_loader(
+    data: str | Path | DataSource,
+    *,
+    train: bool,
+    backend: str = "dali-cpu",
+    batch_size: int = 256,
+    crop_size: int = 224,
+    workers: int = 4,
+    seed: int = 0,
+    dist: DistInfo | None = None,
+    device_id: int | None = None,
+    data_format: str = "auto",
+    dtype: str = "float32",
+    hw_decoder_load: float = 1.0,
+    last_batch: str | None = None,
+) -> mx.io.DataIter:
+    """An ``mx.io.DataIter`` over the train or val split of ``data``; same arguments as
+    ``crossdali.pytorch.create_classification_loader``.
+
+    ``data`` is a dataset folder (ImageFolder with train/ and val/, TFRecord, RecordIO or file
+    lists; see ``crossdali.common.sources.resolve_source``) or a resolved ``DataSource``;
+    ``native`` needs RecordIO. ``dist`` shards by the global rank. ``device_id`` is the GPU for
+    ``dali-gpu`` (default: the local rank). ``last_batch`` overrides the epoch rule. The result
+    has ``len()`` (batches per epoch), ``batch_size``, ``num_classes``, ``provide_data`` and
+    ``provide_label``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    dist = dist or DistInfo()
+    split = "train" if train else "val"
+    source = data if isinstance(data, DataSource) else resolve_source(data, split, format=data_format)
+    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="CHW")
+    policy = choose_last_batch_policy(train=train, num_shards=dist.world_size, policy=last_batch)
+    if dist.is_main:
+        log_epoch_plan(f"{split} ({backend}, {source.format} at {source.root})", source.num_samples,
+                       batch_size=batch_size, num_shards=dist.world_size, policy=policy)
+    gpu_id = device_id if device_id is not None else dist.local_rank
+    if backend == "dali-gpu" and mx.context.num_gpus() == 0:
+        raise RuntimeError("--data-backend dali-gpu needs MXNet built with CUDA and a visible GPU; this MXNet sees "
+                           "none (the PyPI `mxnet` wheel is CPU-only: install mxnet-cu112 or use dali-cpu)")
+
+    if backend == "synthetic":
+        context = mx.gpu(gpu_id) if mx.context.num_gpus() > 0 else mx.cpu()
+        return SyntheticIter(num_batches=batches_per_epoch(source.num_samples, batch_size=batch_size,
+                                                           num_shards=dist.world_size, policy=policy),
+                             batch_size=batch_size, crop_size=crop_size, num_classes=source.num_classes,
+                             dtype=dtype, context=context)
+    if backend == "native":
+        if source.format != "recordio":
+            raise DataError(f"the native MXNet backend (mx.io.ImageRecordIter) reads RecordIO; {source.root} holds "
+                            f"{source.format} data. Point --data at a folder with {split}.rec + {split}.idx (the sample "
+                            "set has one in its recordio/ folder; MXNet's im2rec.py converts an ImageFolder), or use "
+                            "--data-backend dali-cpu/dali-gpu.")
+        return NativeRecordIter(source, train=train, batch_size=batch_size, transform=transform, workers=workers,
+                                seed=seed, dist=dist)
+
+    device = "gpu" if backend == "dali-gpu" else "cpu"
+    options = PipelineOptions(
+        batch_size=batch_size, device=device, device_id=gpu_id if device == "gpu" else None,
+        num_threads=max(1, workers), seed=seed, shard_id=dist.rank, num_shards=dist.world_size,
+        hw_decoder_load=hw_decoder_load)
+    return DALIClassificationIter(source, train=train, options=options, transform=transform, policy=policy)
