@@ -14,6 +14,7 @@ from crossdali.common.sample_data.classification import (
     build_classification,
     class_names,
 )
+from crossdali.common.sample_data.video import ensure_video
 
 __all__ = [
     "SIZES",
@@ -45,4 +46,4 @@ def ensure_classification(root: Path | None = None, size: str = "small", *,
 
 
 #: kind -> builder(root, size) -> folder. ``make-data --kind`` chooses among these.
-BUILDERS = {"classification": ensure_classification}
+BUILDERS = {"classification": ensure_classification, "video": ensure_video}

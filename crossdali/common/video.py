@@ -1,0 +1,422 @@
+"""Video clip and optical-flow pipelines, defined once for every framework (DALI functional API).
+
+clip pipeline: ``fn.experimental.readers.video`` (FFmpeg on the CPU, NVDEC on the GPU) cuts each
+file into clips of ``sequence_length`` frames, ``stride`` frames apart, a new clip every ``step``
+frames. train: one random-resized crop window and one coin-flip mirror per clip (the same for all
+of its frames), normalize. val: resize the shorter side, centre crop, normalize, every clip
+exactly once across shards (padded last batch, dropped by the iterator). Output per sample:
+``FHWC`` or ``CFHW`` float (batches ``NFHWC`` / ``NCFHW``) and an int64 label of shape ``(1,)``.
+
+Why this reader: measured with DALI 2.4, the legacy ``fn.readers.video`` has no CPU backend and
+rejects VP9 WebM as "variable frame rate"; ``fn.experimental.readers.video`` reads VP9 on the CPU
+and VP9 + H.264 on the GPU. On the CPU it decodes only VP8 / VP9 / MJPEG and reports any other
+codec as a misleading "number of input samples: 0", so the files are probed with PyAV first and
+an H.264 file on the CPU path fails with an error that names the codec and the re-encode command
+(no PyAV decode fallback: it would be a second, slower decoder to keep equal to DALI's).
+
+optical flow pipeline: ``fn.optical_flow`` (the GPU's optical-flow engine, Turing or newer) on
+consecutive frames from the same reader. It has no CPU backend; on a machine without such a GPU
+``require_optical_flow_hardware`` raises an error that says what is needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from crossdali.common.classification import PipelineOptions
+from crossdali.common.sources import DataError, DataSource, read_file_list
+
+__all__ = [
+    "CPU_CODECS",
+    "KINETICS_MEAN",
+    "KINETICS_STD",
+    "VIDEO_EXTENSIONS",
+    "VIDEO_READER_NAME",
+    "ClipTransform",
+    "OpticalFlowUnavailable",
+    "VideoInfo",
+    "check_videos",
+    "clips_per_epoch",
+    "create_clip_pipeline",
+    "create_optical_flow_pipeline",
+    "explain_video_failure",
+    "probe_video",
+    "require_optical_flow_hardware",
+    "resolve_video_source",
+]
+
+log = logging.getLogger(__name__)
+
+#: Name of the reader operator; iterators pass it as ``reader_name=`` to size epochs.
+VIDEO_READER_NAME = "VideoReader"
+# Kinetics-400 statistics (torchvision's video models), on the 0-255 scale DALI works in.
+KINETICS_MEAN = (0.43216 * 255, 0.394666 * 255, 0.37645 * 255)
+KINETICS_STD = (0.22803 * 255, 0.22145 * 255, 0.216989 * 255)
+#: Codecs DALI 2.4 decodes on the CPU (FFmpeg names). The GPU adds h264, hevc, av1, mpeg4.
+CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
+GPU_CODECS = CPU_CODECS | {"h264", "hevc", "av1", "mpeg4"}
+VIDEO_EXTENSIONS = (".webm", ".mp4", ".mkv", ".avi", ".mov", ".m4v")
+# A stream is constant-frame-rate when its frame durations differ by at most this share of the
+# median (plus one time-base tick for rounding, e.g. 33/34 ms at 30 fps in WebM's 1/1000 s).
+_VFR_TOLERANCE = 0.05
+_VFR_PACKETS = 300  # frame durations checked per file: enough to catch VFR, cheap on long files
+
+
+@dataclass(frozen=True)
+class ClipTransform:
+    """The clip preset: temporal sampling, spatial sizes, augmentation, output layout and type.
+
+    ``step`` is the distance between the first frames of consecutive clips; ``None`` means
+    ``sequence_length * stride`` (what DALI 2.4 does for ``step=-1``, measured, though its docs
+    say ``sequence_length``): consecutive clips touch without overlapping. A clip spans ``(sequence_length - 1) * stride + 1`` frames.
+    ``hflip`` is the mirror probability in training (0 for labels that a flip changes, such as
+    left/right motion).
+    """
+
+    sequence_length: int = 8
+    stride: int = 1
+    step: int | None = None
+    crop_size: int = 112
+    resize_size: int | None = None  # val: shorter side before the centre crop; default crop*128/112
+    random_area: tuple[float, float] = (0.25, 1.0)
+    random_aspect_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    mean: tuple[float, float, float] = KINETICS_MEAN
+    std: tuple[float, float, float] = KINETICS_STD
+    output_layout: str = "CFHW"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("sequence_length", "stride", "crop_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.step is not None and self.step < 1:
+            raise ValueError(f"step must be positive (or None for sequence_length * stride), got {self.step}")
+        if self.output_layout not in ("FHWC", "CFHW"):
+            raise ValueError(f"output_layout must be 'FHWC' (batches NFHWC) or 'CFHW' (batches NCFHW), "
+                             f"got {self.output_layout!r}")
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype must be 'float32' or 'float16', got {self.dtype!r}")
+        if not 0.0 <= self.hflip <= 1.0:
+            raise ValueError(f"hflip must be a probability in [0, 1], got {self.hflip}")
+        lo, hi = self.random_area
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"random_area must satisfy 0 < min <= max <= 1, got {self.random_area}")
+
+    @property
+    def span(self) -> int:
+        """Frames one clip covers, first to last."""
+        return (self.sequence_length - 1) * self.stride + 1
+
+    @property
+    def clip_step(self) -> int:
+        return self.step if self.step is not None else self.sequence_length * self.stride
+
+    @property
+    def val_resize_size(self) -> int:
+        return self.resize_size if self.resize_size is not None else round(self.crop_size * 128 / 112)
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What PyAV reads from a file's container without decoding it."""
+
+    path: str
+    codec: str
+    width: int
+    height: int
+    num_frames: int
+    fps: float
+    constant_frame_rate: bool
+
+
+class OpticalFlowUnavailable(RuntimeError):
+    """``fn.optical_flow`` cannot run here: it needs an NVIDIA GPU with the optical-flow engine."""
+
+
+def reencode_hint(path: str | Path, *, fps: float | None = None) -> str:
+    from crossdali.common.sample_data.video import reencode_command  # defer: light import
+
+    return reencode_command(path, fps=round(fps) if fps else 25)
+
+
+def probe_video(path: str | Path) -> VideoInfo:
+    """Codec, size, frame count and frame-rate regularity of ``path`` (demuxes, never decodes).
+
+    Raises ``DataError`` naming the file when it is missing or not a readable video.
+    """
+    path = str(path)
+    if not Path(path).is_file():
+        raise DataError(f"video file {path} does not exist: fix the path in the file list or remove that line")
+    try:
+        import av
+    except ImportError:
+        raise ImportError("checking video files needs PyAV: pip install av (or pass validate=False)") from None
+    try:
+        container = av.open(path)
+    except (av.error.FFmpegError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is not a video file FFmpeg can read ({e}); remove it from the file list, "
+                        "or re-encode the original to VP9 WebM: " + reencode_hint(path)) from None
+    with container:
+        if not container.streams.video:
+            raise DataError(f"{path} holds no video stream (only {[s.type for s in container.streams]}); "
+                            "remove it from the file list")
+        stream = container.streams.video[0]
+        codec = stream.codec_context.name
+        fps = float(stream.average_rate or stream.guessed_rate or 0)
+        pts = []
+        try:
+            for packet in container.demux(stream):
+                if packet.pts is not None and packet.size:
+                    pts.append(packet.pts)
+        except av.error.FFmpegError as e:
+            raise DataError(f"{path} is damaged ({e}); re-encode it: " + reencode_hint(path, fps=fps)) from None
+    if not pts:
+        raise DataError(f"{path} holds no video frames; remove it from the file list")
+    head = sorted(pts[:_VFR_PACKETS])  # presentation order (B-frames arrive out of order)
+    durations = [b - a for a, b in itertools.pairwise(head)]
+    cfr = True
+    if len(durations) >= 2:
+        med = sorted(durations)[len(durations) // 2]
+        cfr = med > 0 and max(durations) - min(durations) <= max(1, _VFR_TOLERANCE * med)
+    return VideoInfo(path=path, codec=codec, width=stream.width, height=stream.height, num_frames=len(pts),
+                     fps=fps, constant_frame_rate=cfr)
+
+
+def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform | None = None,
+                 threads: int = 8) -> list[VideoInfo]:
+    """Probe every file and raise ``DataError`` (naming the file and the fix) for one that the
+    reader would decode wrongly or skip silently: missing, not a video, a codec the device cannot
+    decode, a variable frame rate, or fewer frames than one clip needs."""
+    if not files:
+        raise DataError("no video files given")
+    with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
+        infos = list(pool.map(probe_video, files))
+    codecs = CPU_CODECS if device == "cpu" else GPU_CODECS
+    for info in infos:
+        if info.codec not in codecs:
+            where = ("DALI decodes only VP8, VP9 and MJPEG on the CPU (H.264/HEVC/AV1 need a GPU's NVDEC: "
+                     "use device='gpu' / --data-backend dali-gpu there)") if device == "cpu" else \
+                f"DALI's GPU reader decodes {sorted(GPU_CODECS)}"
+            raise DataError(f"{info.path} is {info.codec}; {where}. Re-encode it to VP9: "
+                            + reencode_hint(info.path, fps=info.fps))
+        if not info.constant_frame_rate:
+            raise DataError(f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so "
+                            "its clips would cover uneven stretches of time. Re-encode it at a constant frame "
+                            "rate: " + reencode_hint(info.path, fps=info.fps))
+        if transform is not None and info.num_frames < transform.span:
+            raise DataError(f"{info.path} has {info.num_frames} frames but one clip spans {transform.span} "
+                            f"(sequence_length={transform.sequence_length}, stride={transform.stride}); it "
+                            "would yield no clip. Lower --clip-len/--frame-stride or remove the file.")
+    return infos
+
+
+def clips_per_epoch(infos: Sequence[VideoInfo], transform: ClipTransform) -> int:
+    """Clips the reader cuts from these files (starts at 0, step, 2*step, ... while the clip fits)."""
+    return sum((i.num_frames - transform.span) // transform.clip_step + 1
+               for i in infos if i.num_frames >= transform.span)
+
+
+def resolve_video_source(data: str | Path, split: str) -> DataSource:
+    """The ``split`` of a video dataset: a file list (``<path> <label>`` per line), a folder with
+    ``<split>.txt``, or a folder with ``<split>/<class>/<video>`` (classes sorted by name)."""
+    data = Path(data)
+    if data.is_file():
+        return read_file_list(data, validate=False)
+    if not data.is_dir():
+        raise DataError(f"video dataset {data} does not exist: pass a folder with {split}.txt or "
+                        f"{split}/<class>/<video>, or a file list")
+    listed = data / f"{split}.txt"
+    if listed.is_file():
+        src = read_file_list(listed, validate=False)
+        classes = _manifest_classes(data)
+        if classes:
+            src = DataSource(format="filelist", root=src.root, files=src.files, labels=src.labels,
+                             classes=tuple(classes), num_samples=src.num_samples)
+        return src
+    folder = data / split
+    if not folder.is_dir():
+        raise DataError(f"{data} holds neither {split}.txt nor a {split}/ folder of <class>/<video> files")
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        for f in sorted((folder / name).iterdir()):
+            if f.suffix.lower() in VIDEO_EXTENSIONS:
+                files.append(str(f))
+                labels.append(label)
+    if not files:
+        raise DataError(f"{folder} holds no videos ({', '.join(VIDEO_EXTENSIONS)}) in <class>/ sub-folders")
+    return DataSource(format="filelist", root=folder, files=tuple(files), labels=tuple(labels),
+                      classes=tuple(classes), num_samples=len(files))
+
+
+def _manifest_classes(folder: Path) -> list[str]:
+    import json
+
+    try:
+        return list(json.loads((folder / "manifest.json").read_text())["classes"])
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _video_reader(files: Sequence[str], labels: Sequence[int], *, sequence_length: int, stride: int,
+                  step: int, shuffle: bool, opts: PipelineOptions, frame_num: bool = False):
+    from nvidia.dali import fn  # defer: keeps `import crossdali.common` light
+
+    return fn.experimental.readers.video(
+        device="gpu" if opts.device == "gpu" else "cpu", filenames=list(files), labels=list(labels),
+        sequence_length=sequence_length, stride=stride, step=step,
+        random_shuffle=shuffle, initial_fill=opts.initial_fill, seed=opts.seed, shard_id=opts.shard_id,
+        num_shards=opts.num_shards, pad_last_batch=True, enable_frame_num=frame_num,
+        name=VIDEO_READER_NAME)
+
+
+def create_clip_pipeline(
+    source: DataSource,
+    *,
+    train: bool,
+    options: PipelineOptions,
+    transform: ClipTransform | None = None,
+    with_frame_num: bool = False,
+    validate: bool = True,
+):
+    """Build (but do not start) the train or val clip pipeline over ``source`` (a file list).
+
+    Outputs ``(clips, labels)``, plus ``frame_num`` (int32 ``(1,)``: the clip's first frame) with
+    ``with_frame_num``. ``validate`` probes every file first (see ``check_videos``); turn it off
+    only for datasets already checked.
+    """
+    from nvidia.dali import fn, pipeline_def, types  # defer
+
+    t = transform or ClipTransform()
+    opts = options
+    if not source.files:
+        raise DataError(f"{source.root}: the video pipeline reads file lists; got a {source.format} source")
+    if validate:
+        check_videos(source.files, device=opts.device, transform=t)
+    dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT
+
+    @pipeline_def(batch_size=opts.batch_size, num_threads=opts.num_threads,
+                  device_id=opts.pipeline_device_id, seed=opts.seed + 1_000_003 * opts.shard_id,
+                  prefetch_queue_depth=opts.prefetch_queue_depth)
+    def clip_pipeline():
+        out = _video_reader(source.files, source.labels, sequence_length=t.sequence_length, stride=t.stride,
+                            step=t.clip_step, shuffle=train, opts=opts, frame_num=with_frame_num)
+        clips, labels = out[0], out[1]
+        if train:
+            clips = fn.random_resized_crop(clips, size=(t.crop_size, t.crop_size),
+                                           random_area=list(t.random_area),
+                                           random_aspect_ratio=list(t.random_aspect_ratio),
+                                           interp_type=types.INTERP_LINEAR, antialias=True)
+            mirror = fn.random.coin_flip(probability=t.hflip) if t.hflip > 0 else False
+        else:
+            clips = fn.resize(clips, resize_shorter=t.val_resize_size, interp_type=types.INTERP_LINEAR,
+                              antialias=True)
+            mirror = False
+        clips = fn.crop_mirror_normalize(clips, dtype=dtype, output_layout=t.output_layout,
+                                         crop=(t.crop_size, t.crop_size), mean=list(t.mean), std=list(t.std),
+                                         mirror=mirror)
+        labels = fn.cast(labels, dtype=types.INT64)
+        outputs = [clips, labels.gpu() if opts.device == "gpu" else labels]
+        if with_frame_num:
+            frame_num = out[2]
+            outputs.append(frame_num.gpu() if opts.device == "gpu" and frame_num.device == "cpu" else frame_num)
+        return tuple(outputs)
+
+    return clip_pipeline()
+
+
+def _compute_capability(device_id: int) -> tuple[int, int] | None:
+    """(major, minor) of GPU ``device_id`` from the CUDA driver, or None without a driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), device_id) != 0:
+        return None
+    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)  # ..._MINOR
+    return major.value, minor.value
+
+
+_OF_NEEDS = ("DALI's optical flow runs only on the optical-flow engine of an NVIDIA GPU of the Turing "
+             "generation or newer (compute capability 7.5+, e.g. T4, RTX 20xx/30xx/40xx, A10, A100, L4, H100); "
+             "there is no CPU implementation")
+
+
+def require_optical_flow_hardware(device: str, device_id: int | None) -> None:
+    """Raise ``OpticalFlowUnavailable`` unless ``device_id`` is a GPU with an optical-flow engine."""
+    if device != "gpu" or device_id is None:
+        raise OpticalFlowUnavailable(f"{_OF_NEEDS}; this run asked for device={device!r}. Run it on such a GPU "
+                                     "with device='gpu' and a device_id.")
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    count = GetCUDADeviceCount()
+    if count <= device_id:
+        raise OpticalFlowUnavailable(f"{_OF_NEEDS}; this machine shows {count} CUDA GPU(s), so GPU {device_id} "
+                                     "does not exist. Run it on a machine with such a GPU.")
+    cc = _compute_capability(device_id)
+    if cc is not None and cc < (7, 5):
+        raise OpticalFlowUnavailable(f"{_OF_NEEDS}; GPU {device_id} has compute capability {cc[0]}.{cc[1]}.")
+
+
+def create_optical_flow_pipeline(
+    files: Sequence[str],
+    *,
+    options: PipelineOptions,
+    sequence_length: int = 2,
+    stride: int = 1,
+    step: int | None = None,
+    output_grid: int = 4,
+    preset: float = 0.5,
+    validate: bool = True,
+):
+    """Frames and the optical flow between consecutive frames of clips read from ``files`` (GPU).
+
+    Outputs ``(frames, flow)``: uint8 ``(F, H, W, 3)`` and float32 ``(F-1, H/grid, W/grid, 2)`` in
+    pixels of the input resolution (x, y). Raises ``OpticalFlowUnavailable`` where there is no GPU
+    with an optical-flow engine.
+    """
+    from nvidia.dali import fn, pipeline_def  # defer
+
+    require_optical_flow_hardware(options.device, options.device_id)
+    if sequence_length < 2:
+        raise ValueError(f"optical flow needs at least 2 frames per sequence, got sequence_length={sequence_length}")
+    if output_grid not in (1, 2, 4):
+        raise ValueError(f"output_grid must be 1, 2 or 4 (4 only on Turing), got {output_grid}")
+    sampling = ClipTransform(sequence_length=sequence_length, stride=stride, step=step)
+    if validate:
+        check_videos(list(files), device="gpu", transform=sampling)
+    opts = options
+
+    @pipeline_def(batch_size=opts.batch_size, num_threads=opts.num_threads, device_id=opts.device_id,
+                  seed=opts.seed, prefetch_queue_depth=opts.prefetch_queue_depth)
+    def optical_flow_pipeline():
+        frames, _ = _video_reader(files, [0] * len(files), sequence_length=sequence_length, stride=stride,
+                                  step=sampling.clip_step, shuffle=False, opts=opts)
+        flow = fn.optical_flow(frames, output_grid=output_grid, preset=preset,
+                               enable_temporal_hints=sequence_length > 2)
+        return frames, flow
+
+    return optical_flow_pipeline()
+
+
+def explain_video_failure(source: DataSource, error: Exception, *, device: str = "cpu") -> Exception:
+    """Turn a DALI reader error into one that names the file and the fix (probes the files)."""
+    try:
+        check_videos(source.files, device=device)
+    except DataError as e:
+        return e
+    msg = str(error)
+    if "number of input samples: 0" in msg:
+        return DataError(f"DALI's video reader found no clip in {source.root} ({len(source.files)} files): "
+                         "every file is shorter than one clip, or DALI cannot decode them on this device. "
+                         f"Lower the clip length/stride, or re-encode to VP9: {reencode_hint(source.files[0])}")
+    return error
