@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["DistInfo", "detect_distributed", "LAUNCHER_VARIABLES"]
+__all__ = ["LAUNCHER_VARIABLES", "DistInfo", "detect_distributed"]
 
 #: launcher name -> (rank, world size, local rank) variable names, in detection order.
 LAUNCHER_VARIABLES: dict[str, tuple[str, str, str]] = {
@@ -69,7 +69,14 @@ def detect_distributed(env: Mapping[str, str] | None = None) -> DistInfo:
     """
     env = os.environ if env is None else env
     for launcher, (rank_var, size_var, local_var) in LAUNCHER_VARIABLES.items():
-        if rank_var not in env or size_var not in env:
+        if rank_var not in env:
+            continue
+        if size_var not in env:
+            # A non-zero rank with no world size would silently train as a single process on the
+            # whole dataset; rank 0 alone (e.g. an sbatch script without srun) is a plain run.
+            if env[rank_var].strip() not in ("", "0"):
+                raise ValueError(f"{launcher}: {rank_var}={env[rank_var]} is set but {size_var} is not; "
+                                 f"export {size_var} (the number of processes) or unset {rank_var}")
             continue
         rank = _int(env, rank_var, launcher)
         world_size = _int(env, size_var, launcher)
@@ -83,5 +90,8 @@ def detect_distributed(env: Mapping[str, str] | None = None) -> DistInfo:
             )
         if local_rank < 0:
             raise ValueError(f"{launcher}: {local_var}={local_rank} must not be negative")
+        if local_rank >= world_size:
+            raise ValueError(f"{launcher}: {local_var}={local_rank} is not in [0, {size_var}={world_size}); "
+                             "check the launcher's command line")
         return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, launcher=launcher)
     return DistInfo()
