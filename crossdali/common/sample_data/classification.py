@@ -14,10 +14,13 @@ the seed and the Pillow version (JPEG bytes come from Pillow's libjpeg).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
+import os
 import shutil
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,7 +64,7 @@ class ClassificationSampleConfig:
 SIZES: dict[str, ClassificationSampleConfig] = {
     "tiny": ClassificationSampleConfig(train_per_class=24, val_per_class=5, min_side=96, max_side=160),
     "small": ClassificationSampleConfig(),
-    "bench": ClassificationSampleConfig(train_per_class=745, val_per_class=11, min_side=400, max_side=560),
+    "bench": ClassificationSampleConfig(train_per_class=745, val_per_class=11, min_side=500, max_side=700),
 }
 
 
@@ -89,14 +92,23 @@ def _make_sample(photo: np.ndarray, rng: np.random.Generator, cfg: Classificatio
     return buf.getvalue()
 
 
+def _one_sample(key: tuple[int, int, int], cfg: ClassificationSampleConfig) -> bytes:
+    split_id, label, i = key
+    rng = np.random.default_rng([cfg.seed, split_id, label, i])  # per-sample stream: order-free
+    return _make_sample(load_photo(CLASS_PHOTOS[label]), rng, cfg)
+
+
 def _samples(split: str, cfg: ClassificationSampleConfig):
+    """``(label, index, jpeg)`` in reader order; large sets are encoded on every core."""
     per_class = cfg.train_per_class if split == "train" else cfg.val_per_class
-    split_id = SPLITS.index(split)
-    for label, name in enumerate(CLASS_PHOTOS):
-        photo = load_photo(name)
-        for i in range(per_class):
-            rng = np.random.default_rng([cfg.seed, split_id, label, i])
-            yield label, i, _make_sample(photo, rng, cfg)
+    keys = [(SPLITS.index(split), label, i) for label in range(len(CLASS_PHOTOS)) for i in range(per_class)]
+    if len(keys) < 1000:
+        jpegs = (_one_sample(k, cfg) for k in keys)
+        yield from ((k[1], k[2], j) for k, j in zip(keys, jpegs))
+        return
+    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+        jpegs = pool.map(functools.partial(_one_sample, cfg=cfg), keys, chunksize=64)
+        yield from ((k[1], k[2], j) for k, j in zip(keys, jpegs))
 
 
 FORMATS = ("imagefolder", "tfrecord", "recordio")
