@@ -52,7 +52,8 @@ def _pil_imagefolder_loader(source, *, batch_size: int, workers: int, crop: int)
     from crossdali.common.classification import ClassificationTransform
     from crossdali.pytorch.presets import ClassificationPresetTrain
 
-    dataset = ImageFolder(str(source.root), transform=ClassificationPresetTrain(transform=ClassificationTransform(crop_size=crop)))
+    preset = ClassificationPresetTrain(transform=ClassificationTransform(crop_size=crop))
+    dataset = ImageFolder(str(source.root), transform=preset)
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
                                        pin_memory=True, persistent_workers=True, drop_last=False)
 
@@ -60,7 +61,7 @@ def _pil_imagefolder_loader(source, *, batch_size: int, workers: int, crop: int)
 def _consume(loader, device, *, epochs: int = 2) -> dict[str, float]:
     """Iterate ``epochs`` epochs, moving each batch to the GPU; time the last one."""
     stats = {}
-    for epoch in range(epochs):
+    for _ in range(epochs):
         n, start = 0, time.perf_counter()
         for images, labels in loader:
             images = images.to(device, non_blocking=True)

@@ -51,8 +51,9 @@ def test_layout_counts_and_reuse(tmp_path):
 
 def _encoded_samples(source):
     """Raw JPEG bytes and labels in reader order, straight from DALI's readers (CPU)."""
-    from crossdali.common.classification import PipelineOptions, _reader
     from nvidia.dali import pipeline_def
+
+    from crossdali.common.classification import PipelineOptions, _reader
 
     @pipeline_def(batch_size=source.num_samples, num_threads=1, device_id=None)
     def pipe():
