@@ -46,6 +46,7 @@ __all__ = [
     "create_clip_pipeline",
     "create_optical_flow_pipeline",
     "explain_video_failure",
+    "flow_to_frame_pixels",
     "probe_video",
     "require_optical_flow_hardware",
     "resolve_video_source",
@@ -74,7 +75,8 @@ class ClipTransform:
 
     ``step`` is the distance between the first frames of consecutive clips; ``None`` means
     ``sequence_length * stride`` (what DALI 2.4 does for ``step=-1``, measured, though its docs
-    say ``sequence_length``): consecutive clips touch without overlapping. A clip spans ``(sequence_length - 1) * stride + 1`` frames.
+    say ``sequence_length``): consecutive clips touch without overlapping. A clip spans
+    ``(sequence_length - 1) * stride + 1`` frames.
     ``hflip`` is the mirror probability in training (0 for labels that a flip changes, such as
     left/right motion).
     """
@@ -113,6 +115,14 @@ class ClipTransform:
     def span(self) -> int:
         """Frames one clip covers, first to last."""
         return (self.sequence_length - 1) * self.stride + 1
+
+    @property
+    def frames_needed(self) -> int:
+        """Frames a clip needs from its first frame to the file's end: ``sequence_length * stride``.
+
+        DALI 2.4 starts a clip only where that many frames remain (measured), one ``stride - 1``
+        more than the clip spans."""
+        return self.sequence_length * self.stride
 
     @property
     def clip_step(self) -> int:
@@ -210,17 +220,17 @@ def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform 
             raise DataError(f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so "
                             "its clips would cover uneven stretches of time. Re-encode it at a constant frame "
                             "rate: " + reencode_hint(info.path, fps=info.fps))
-        if transform is not None and info.num_frames < transform.span:
-            raise DataError(f"{info.path} has {info.num_frames} frames but one clip spans {transform.span} "
-                            f"(sequence_length={transform.sequence_length}, stride={transform.stride}); it "
+        if transform is not None and info.num_frames < transform.frames_needed:
+            raise DataError(f"{info.path} has {info.num_frames} frames but a clip needs {transform.frames_needed} "
+                            f"(sequence_length={transform.sequence_length} x stride={transform.stride}); it "
                             "would yield no clip. Lower --clip-len/--frame-stride or remove the file.")
     return infos
 
 
 def clips_per_epoch(infos: Sequence[VideoInfo], transform: ClipTransform) -> int:
-    """Clips the reader cuts from these files (starts at 0, step, 2*step, ... while the clip fits)."""
-    return sum((i.num_frames - transform.span) // transform.clip_step + 1
-               for i in infos if i.num_frames >= transform.span)
+    """Clips the reader cuts from these files: starts 0, step, 2*step, ... while ``frames_needed`` remain."""
+    return sum((i.num_frames - transform.frames_needed) // transform.clip_step + 1
+               for i in infos if i.num_frames >= transform.frames_needed)
 
 
 def resolve_video_source(data: str | Path, split: str) -> DataSource:
@@ -371,41 +381,60 @@ def create_optical_flow_pipeline(
     files: Sequence[str],
     *,
     options: PipelineOptions,
+    labels: Sequence[int] | None = None,
     sequence_length: int = 2,
     stride: int = 1,
     step: int | None = None,
+    flow_size: int | None = 256,
     output_grid: int = 4,
     preset: float = 0.5,
     validate: bool = True,
 ):
     """Frames and the optical flow between consecutive frames of clips read from ``files`` (GPU).
 
-    Outputs ``(frames, flow)``: uint8 ``(F, H, W, 3)`` and float32 ``(F-1, H/grid, W/grid, 2)`` in
-    pixels of the input resolution (x, y). Raises ``OpticalFlowUnavailable`` where there is no GPU
-    with an optical-flow engine.
+    Outputs ``(frames, flow, labels)``: uint8 ``(F, H, W, 3)`` frames as decoded, float32
+    ``(F-1, S/grid, S/grid, 2)`` flow (x, y) and the int64 labels. With ``flow_size=S`` the frames
+    are resized to S x S before the flow engine (the same grid for every file, and enough blocks
+    for small frames), so the vectors are in pixels of that S x S image:
+    ``flow_to_frame_pixels`` scales them back. Raises ``OpticalFlowUnavailable`` where there is
+    no GPU with an optical-flow engine.
     """
-    from nvidia.dali import fn, pipeline_def  # defer
+    from nvidia.dali import fn, pipeline_def, types  # defer
 
     require_optical_flow_hardware(options.device, options.device_id)
     if sequence_length < 2:
         raise ValueError(f"optical flow needs at least 2 frames per sequence, got sequence_length={sequence_length}")
     if output_grid not in (1, 2, 4):
         raise ValueError(f"output_grid must be 1, 2 or 4 (4 only on Turing), got {output_grid}")
+    files = list(files)
+    labels = list(labels) if labels is not None else [0] * len(files)
     sampling = ClipTransform(sequence_length=sequence_length, stride=stride, step=step)
     if validate:
-        check_videos(list(files), device="gpu", transform=sampling)
+        check_videos(files, device="gpu", transform=sampling)
     opts = options
 
     @pipeline_def(batch_size=opts.batch_size, num_threads=opts.num_threads, device_id=opts.device_id,
                   seed=opts.seed, prefetch_queue_depth=opts.prefetch_queue_depth)
     def optical_flow_pipeline():
-        frames, _ = _video_reader(files, [0] * len(files), sequence_length=sequence_length, stride=stride,
-                                  step=sampling.clip_step, shuffle=False, opts=opts)
-        flow = fn.optical_flow(frames, output_grid=output_grid, preset=preset,
+        frames, lbl = _video_reader(files, labels, sequence_length=sequence_length, stride=stride,
+                                    step=sampling.clip_step, shuffle=False, opts=opts)
+        flow_in = frames
+        if flow_size:
+            flow_in = fn.resize(frames, size=(flow_size, flow_size), interp_type=types.INTERP_LINEAR)
+        flow = fn.optical_flow(flow_in, output_grid=output_grid, preset=preset,
                                enable_temporal_hints=sequence_length > 2)
-        return frames, flow
+        return frames, flow, fn.cast(lbl, dtype=types.INT64)
 
     return optical_flow_pipeline()
+
+
+def flow_to_frame_pixels(flow, frame_hw: tuple[int, int], flow_size: int | None):
+    """Flow vectors from ``create_optical_flow_pipeline`` in pixels of the decoded ``(H, W)`` frames."""
+    if not flow_size:
+        return flow
+    h, w = frame_hw
+    scale = flow.dtype.type(w / flow_size), flow.dtype.type(h / flow_size)
+    return flow * [scale[0], scale[1]]
 
 
 def explain_video_failure(source: DataSource, error: Exception, *, device: str = "cpu") -> Exception:

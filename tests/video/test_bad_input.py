@@ -1,0 +1,103 @@
+"""Bad video input fails early with an error that names the file and the fix."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+
+def _frames(n: int = 24, side: int = 32) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, (n, side, side, 3), dtype=np.uint8)
+
+
+def _list(tmp_path, *names: str):
+    lst = tmp_path / "list.txt"
+    lst.write_text("".join(f"{n} 0\n" for n in names))
+    return lst
+
+
+def test_missing_video_in_file_list(tmp_path):
+    from crossdali.common.sources import DataError
+    from crossdali.common.video import check_videos, resolve_video_source
+
+    with pytest.raises(DataError, match=r"list\.txt:1: .*gone\.webm does not exist"):
+        resolve_video_source(_list(tmp_path, "gone.webm"), "val")
+    with pytest.raises(DataError, match=r"gone\.webm does not exist: fix the path"):
+        check_videos([str(tmp_path / "gone.webm")], device="cpu")
+
+
+def test_non_video_file(tmp_path):
+    pytest.importorskip("torch")
+    from crossdali.common.sources import DataError
+    from crossdali.pytorch.video import create_video_loader
+
+    (tmp_path / "notes.webm").write_bytes(b"this is not a video\n" * 100)
+    with pytest.raises(DataError, match=r"notes\.webm is not a video file FFmpeg can read.*remove it"):
+        create_video_loader(_list(tmp_path, "notes.webm"), train=False, sequence_length=4)
+
+
+def test_variable_frame_rate_file(tmp_path):
+    from crossdali.common.sample_data.video import write_video
+    from crossdali.common.sources import DataError
+    from crossdali.common.video import check_videos
+    from crossdali.video.reencode import reencode
+
+    vfr = tmp_path / "vfr.webm"
+    pts = np.cumsum([0] + [40 if i % 2 else 100 for i in range(23)])  # 40 / 100 ms frames, in ms
+    write_video(vfr, _frames(), pts=pts.tolist(), time_base=Fraction(1, 1000))
+    with pytest.raises(DataError, match=r"vfr\.webm has a variable frame rate.*constant frame rate: "
+                                        r"python -m crossdali\.video\.reencode .*vfr\.webm .*--fps 25.*ffmpeg -i"):
+        check_videos([str(vfr)], device="cpu")
+    # the fix in the message works: the re-encoded file passes and keeps the clip's duration
+    fixed = tmp_path / "vfr_cfr.webm"
+    n = reencode(vfr, fixed, fps=25)
+    (info,) = check_videos([str(fixed)], device="cpu")
+    assert info.constant_frame_rate and info.num_frames == n
+    assert abs(n / 25 - (pts[-1] / 1000 + 1 / 25)) <= 1 / 25  # the last frame is shown for 1/fps
+
+
+def test_h264_on_cpu_names_codec_and_fix(tiny_video):
+    pytest.importorskip("torch")
+    from crossdali.common.sources import DataError
+    from crossdali.pytorch.video import create_video_loader
+
+    with pytest.raises(DataError, match=r"\.mp4 is h264; DALI decodes only VP8, VP9 and MJPEG on the CPU.*"
+                                        r"Re-encode it to VP9: python -m crossdali\.video\.reencode"):
+        create_video_loader(tiny_video / "h264", train=True, backend="dali-cpu")
+
+
+def test_file_shorter_than_a_clip(tmp_path):
+    from crossdali.common.sample_data.video import write_video
+    from crossdali.common.sources import DataError
+    from crossdali.common.video import ClipTransform, check_videos
+
+    write_video(tmp_path / "short.webm", _frames(10))
+    with pytest.raises(DataError, match=r"short\.webm has 10 frames but a clip needs 16"):
+        check_videos([str(tmp_path / "short.webm")], device="cpu", transform=ClipTransform(sequence_length=8, stride=2))
+
+
+def test_optical_flow_without_gpu_says_what_hardware_is_needed(tiny_video):
+    from crossdali.common.classification import PipelineOptions
+    from crossdali.common.video import OpticalFlowUnavailable, create_optical_flow_pipeline, resolve_video_source
+
+    files = resolve_video_source(tiny_video, "val").files
+    with pytest.raises(OpticalFlowUnavailable,
+                       match=r"optical-flow engine of an NVIDIA GPU of the Turing generation or newer.*no CPU"):
+        create_optical_flow_pipeline(files, options=PipelineOptions(batch_size=1))
+
+
+def test_optical_flow_example_fails_clearly_without_gpu(tiny_video, tmp_path):
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    from crossdali.common.video import OpticalFlowUnavailable
+
+    if GetCUDADeviceCount() > 0:
+        pytest.skip("a CUDA GPU is visible: the GPU test covers the example")
+    from crossdali.video.optical_flow import get_args_parser, main
+
+    args = get_args_parser().parse_args(["--data", str(tiny_video), "--output-dir", str(tmp_path)])
+    with pytest.raises(OpticalFlowUnavailable, match=r"this machine shows 0 CUDA GPU"):
+        main(args)
