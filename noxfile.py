@@ -43,7 +43,7 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 def tests_pytorch(session: nox.Session) -> None:
     """Common pipelines, PyTorch loaders and training, torchrun launches (CPU)."""
     _install(session, "pytorch")
-    _pytest(session, "tests/common", "tests/pytorch")
+    _pytest(session, "tests/common", "tests/pytorch", "tests/video")
 
 
 @nox.session
