@@ -1,0 +1,20 @@
+"""TensorFlow wrappers over crossdali's shared DALI pipelines (``DALIDataset`` + a native tf.data baseline).
+
+Same factory names in ``crossdali.pytorch`` and ``crossdali.mxnet``: switching framework is one
+import line. ``create_classification_dataset`` returns the plain ``tf.data.Dataset``.
+"""
+
+try:
+    import tensorflow  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the environment
+    raise ImportError("crossdali.tensorflow needs TensorFlow: pip install crossdali[tensorflow], then "
+                      "pip install --no-build-isolation nvidia-dali-tf-plugin-cuda130==2.4.0") from None
+
+from crossdali.tensorflow.datasets import (
+    BACKENDS,
+    TFClassificationLoader,
+    create_classification_dataset,
+    create_classification_loader,
+)
+
+__all__ = ["BACKENDS", "TFClassificationLoader", "create_classification_dataset", "create_classification_loader"]

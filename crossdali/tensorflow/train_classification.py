@@ -1,0 +1,328 @@
+"""Train a Keras image classifier (ResNet-50 by default) on DALI-fed batches.
+
+    python -m crossdali.tensorflow.train_classification                  # sample data, auto backend
+    horovodrun -np 8 python -m crossdali.tensorflow.train_classification --data /imagenet
+
+Same flags as ``crossdali.pytorch.train_classification`` where they apply. The loop is a plain
+``tf.GradientTape`` step rather than ``model.fit``: it measures data wait per step, keeps one DALI
+iterator across epochs, and uses Horovod's framework-level API (``DistributedGradientTape``),
+which works with Keras 3, where ``horovod.keras`` does not (TF >= 2.16).
+
+Multi-process: one process per GPU, rank from ``crossdali.common.distributed`` (any launcher).
+Gradients are averaged with Horovod (``horovod.tensorflow``) when it is importable; without it a
+multi-process launch stops with an error (tf.distribute's MultiWorkerMirroredStrategy is not wired
+here: it needs TF_CONFIG and a distributed input pipeline, see docs/tensorflow.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+from crossdali.common.distributed import DistInfo, detect_distributed
+from crossdali.common.metrics import MetricsWriter, format_epoch_line
+from crossdali.common.sample_data import SIZES, ensure_classification
+from crossdali.common.sources import resolve_source
+from crossdali.tensorflow.datasets import BACKENDS, create_classification_loader
+
+log = logging.getLogger("crossdali.train")
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="crossdali TensorFlow/Keras classification training", add_help=add_help)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO or file lists; "
+                             "default: the embedded sample set (built if missing)")
+    parser.add_argument("--data-format", default="auto", choices=["auto", "imagefolder", "tfrecord", "recordio", "filelist"])
+    parser.add_argument("--sample-size", default="small", choices=sorted(SIZES), help="sample set size when --data is not given")
+    parser.add_argument("--data-backend", default="auto", choices=["auto", *BACKENDS])
+    parser.add_argument("--arch", default="resnet50",
+                        help="a tf.keras.applications model (resnet50, mobilenetv2, ...) or 'small_cnn' (tests)")
+    parser.add_argument("--num-classes", type=int, default=None, help="default: from the dataset (needed for record formats)")
+    parser.add_argument("-b", "--batch-size", type=int, default=128, help="images per process per step")
+    parser.add_argument("--epochs", type=int, default=90)
+    parser.add_argument("--lr", type=float, default=0.1, help="learning rate for a global batch of 256 (scaled linearly)")
+    parser.add_argument("--lr-warmup-epochs", type=float, default=5, help="linear warm-up, then cosine decay")
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
+    parser.add_argument("--label-smoothing", type=float, default=0.0)
+    parser.add_argument("-j", "--workers", type=int, default=4, help="DALI threads or tf.data parallel calls per process")
+    parser.add_argument("--crop-size", type=int, default=224)
+    parser.add_argument("--hw-decoder-load", type=float, default=1.0, help="share of JPEGs for the hardware decoder (dali-gpu)")
+    parser.add_argument("--amp", action="store_true", help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU")
+    parser.add_argument("--engine", default="auto", choices=["auto", "horovod", "none"],
+                        help="gradient averaging; auto: horovod when launched with several processes")
+    parser.add_argument("--resume", type=Path, default=None, help="checkpoint (prefix or folder) to resume from")
+    parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and metrics.jsonl go here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-freq", type=int, default=10, help="steps between progress lines")
+    parser.add_argument("--test-only", action="store_true", help="only evaluate (with --resume)")
+    return parser
+
+
+class Runtime:
+    """Rank, world size and gradient averaging: Horovod or a single process."""
+
+    def __init__(self, dist: DistInfo, engine: str) -> None:
+        self.dist, self.engine, self.hvd = dist, engine, None
+        if engine == "horovod":
+            try:
+                import horovod.tensorflow as hvd  # defer: optional, built separately
+            except ImportError as e:
+                raise ImportError("--engine horovod needs horovod built with TensorFlow: HOROVOD_WITH_TENSORFLOW=1 "
+                                  f"pip install --no-build-isolation horovod==0.28.1 ({e})") from None
+            hvd.init()
+            self.hvd = hvd
+            self.dist = DistInfo(rank=hvd.rank(), world_size=hvd.size(), local_rank=hvd.local_rank(),
+                                 launcher=dist.launcher)
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        if self.hvd is None:
+            return values
+        out = self.hvd.allreduce(tf.constant(values, tf.float64), op=self.hvd.Sum)
+        return [float(v) for v in out.numpy()]
+
+
+def init_runtime(engine: str) -> Runtime:
+    dist = detect_distributed()
+    if engine == "auto":
+        engine = "horovod" if dist.is_distributed else "none"
+    if engine == "none" and dist.is_distributed:
+        raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes but --engine none averages no "
+                           "gradients; use --engine horovod (pip install horovod with TensorFlow)")
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:  # one GPU per process: TF sees only its own (it becomes /gpu:0), DALI counts physical ids
+        tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
+    return Runtime(dist, engine)
+
+
+def create_model(arch: str, *, num_classes: int, crop_size: int) -> tf.keras.Model:
+    """A Keras model with random weights. ``small_cnn`` is a 4-layer net for fast CPU tests."""
+    shape = (crop_size, crop_size, 3)
+    if arch == "small_cnn":
+        layers = tf.keras.layers
+        inputs = tf.keras.Input(shape)
+        x = inputs
+        for width in (32, 64, 128, 256):
+            x = layers.Conv2D(width, 3, strides=2, padding="same", use_bias=False)(x)
+            x = layers.BatchNormalization()(x)
+            x = layers.ReLU()(x)
+        x = layers.GlobalAveragePooling2D()(x)
+        outputs = layers.Dense(num_classes, dtype="float32")(x)
+        return tf.keras.Model(inputs, outputs, name="small_cnn")
+    apps = {name.lower(): fn for name, fn in vars(tf.keras.applications).items() if callable(fn)}
+    if arch.lower() not in apps:
+        raise ValueError(f"--arch {arch!r} is not a tf.keras.applications model; try resnet50, mobilenetv2, "
+                         "efficientnetb0 or small_cnn")
+    base = apps[arch.lower()](weights=None, include_top=False, input_shape=shape, pooling="avg")
+    outputs = tf.keras.layers.Dense(num_classes, dtype="float32", name="predictions")(base.output)
+    return tf.keras.Model(base.input, outputs, name=arch)
+
+
+def lr_at(step: int, *, base_lr: float, warmup: int, total: int) -> float:
+    """Linear warm-up from 10% then cosine decay, per step (PyTorch script's schedule)."""
+    if step < warmup:
+        return base_lr * (0.1 + 0.9 * step / warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    return base_lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def make_train_step(model, optimizer, loss_fn, runtime: Runtime):
+    hvd = runtime.hvd
+
+    @tf.function(reduce_retracing=True)
+    def train_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = loss_fn(labels, logits)
+            scaled = optimizer.scale_loss(loss)
+        if hvd is not None:
+            tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return train_step
+
+
+def train_one_epoch(train_step, optimizer, loader, *, epoch: int, step0: int, schedule, runtime: Runtime,
+                    print_freq: int, broadcast: bool, model) -> dict[str, float]:
+    loss_sum, seen, data_wait = 0.0, 0, 0.0
+    start = last = time.perf_counter()
+    it = iter(loader)
+    steps = len(loader)
+    for step in range(steps):
+        t0 = time.perf_counter()
+        try:
+            images, labels = next(it)
+        except StopIteration:
+            break
+        data_wait += time.perf_counter() - t0
+        optimizer.learning_rate.assign(schedule(step0 + step))
+        loss = train_step(images, labels)
+        if broadcast and step == 0 and runtime.hvd is not None:  # after the first step creates the slots
+            runtime.hvd.broadcast_variables(model.variables, root_rank=0)
+            runtime.hvd.broadcast_variables(optimizer.variables, root_rank=0)
+        n = int(images.shape[0])
+        loss_sum += float(loss) * n
+        seen += n
+        if print_freq and (step + 1) % print_freq == 0:
+            now = time.perf_counter()
+            log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
+                     steps, float(loss), float(optimizer.learning_rate), print_freq * n * runtime.dist.world_size /
+                     (now - last), data_wait)
+            last = now
+    elapsed = time.perf_counter() - start
+    loss_total, seen_total = runtime.all_reduce_sum([loss_sum, seen])
+    return {"train_loss": loss_total / max(seen_total, 1), "train_img_s": seen_total / elapsed,
+            "data_wait_s": data_wait, "train_samples": int(seen_total), "train_seconds": elapsed}
+
+
+def make_eval_step(model):
+    @tf.function(reduce_retracing=True)  # the last val batch is smaller
+    def eval_step(images, labels):
+        logits = tf.cast(model(images, training=False), tf.float32)
+        loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        k5 = min(5, logits.shape[-1])
+        top1 = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float32))
+        top5 = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, k5), tf.float32))
+        return loss, top1, top5
+
+    return eval_step
+
+
+def evaluate(eval_step, loader, *, runtime: Runtime) -> dict[str, float]:
+    """Loss and top-1/top-5 over the whole val set: every sample once across all ranks."""
+    loss_sum = c1 = c5 = seen = 0.0
+    for images, labels in loader:
+        loss, top1, top5 = eval_step(images, labels)
+        loss_sum, c1, c5, seen = loss_sum + float(loss), c1 + float(top1), c5 + float(top5), seen + int(images.shape[0])
+    loss_sum, c1, c5, seen = runtime.all_reduce_sum([loss_sum, c1, c5, seen])
+    return {"val_loss": loss_sum / max(seen, 1), "val_top1": 100 * c1 / max(seen, 1),
+            "val_top5": 100 * c5 / max(seen, 1), "val_samples": int(seen)}
+
+
+def load_data(args, runtime: Runtime, backend: str):
+    """Train and val loaders over the same dataset, sharded by the global rank."""
+    data = args.data
+    if data is None:
+        # every rank builds or reuses the sample set; the build writes to a temporary folder and
+        # renames it into place, so concurrent builders never see a partial set
+        data = ensure_classification(size=args.sample_size) / "imagefolder"
+    common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
+                  seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank,
+                  hw_decoder_load=args.hw_decoder_load, layout="HWC")
+    train_src = resolve_source(data, "train", format=args.data_format)
+    val_src = resolve_source(data, "val", format=args.data_format)
+    train_loader = create_classification_loader(train_src, train=True, **common)
+    val_loader = create_classification_loader(val_src, train=False, **common)
+    num_classes = args.num_classes or train_src.num_classes
+    if not num_classes:
+        raise ValueError(f"cannot tell the number of classes of {train_src.format} data at {data}: pass --num-classes")
+    return train_loader, val_loader, num_classes
+
+
+def _choose_backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    if tf.config.list_physical_devices("GPU"):
+        log.info("data backend: dali-gpu (DALI mixed decoder)")
+        return "dali-gpu"
+    log.info("data backend: dali-cpu (no GPU visible to TensorFlow: DALI runs all operators on the CPU)")
+    return "dali-cpu"
+
+
+def main(args: argparse.Namespace) -> dict[str, float]:
+    runtime = init_runtime(args.engine)
+    logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
+                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # absl INFO lines per epoch are noise
+    tf.keras.utils.set_random_seed(args.seed)
+    backend = _choose_backend(args.data_backend)
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    if args.amp:
+        tf.keras.mixed_precision.set_global_policy("mixed_float16" if on_gpu else "mixed_bfloat16")
+    log.info("rank %d/%d (launcher %s, engine %s), %s", runtime.dist.rank, runtime.dist.world_size,
+             runtime.dist.launcher, runtime.engine, "GPU" if on_gpu else "CPU")
+    train_loader, val_loader, num_classes = load_data(args, runtime, backend)
+
+    model = create_model(args.arch, num_classes=num_classes, crop_size=args.crop_size)
+    global_batch = args.batch_size * runtime.dist.world_size
+    base_lr = args.lr * global_batch / 256
+    steps_per_epoch = max(1, train_loader.steps_per_epoch)
+    total = args.epochs * steps_per_epoch
+    warmup = min(int(args.lr_warmup_epochs * steps_per_epoch), total - 1)
+
+    def schedule(step: int) -> float:
+        return lr_at(step, base_lr=base_lr, warmup=warmup, total=total)
+
+    optimizer = tf.keras.optimizers.SGD(learning_rate=schedule(0), momentum=args.momentum,
+                                        weight_decay=args.weight_decay or None)
+    if args.amp and on_gpu:
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    optimizer.build(model.trainable_variables)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True) \
+        if not args.label_smoothing else _smoothed_loss(num_classes, args.label_smoothing)
+
+    epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
+    start_epoch = 0
+    if args.resume is not None:
+        path = tf.train.latest_checkpoint(str(args.resume)) if args.resume.is_dir() else str(args.resume)
+        if path is None or not tf.io.gfile.exists(path + ".index"):
+            raise FileNotFoundError(f"--resume {args.resume}: no TensorFlow checkpoint there (expected a folder "
+                                    "written by --output-dir, or a prefix such as DIR/ckpt-3)")
+        ckpt.restore(path).assert_existing_objects_matched()
+        start_epoch = int(epoch_var.numpy())
+        log.info("resumed from %s at epoch %d", path, start_epoch + 1)
+    manager = tf.train.CheckpointManager(ckpt, str(args.output_dir), max_to_keep=2) \
+        if args.output_dir is not None and runtime.dist.is_main else None
+
+    metrics = MetricsWriter(args.output_dir, enabled=runtime.dist.is_main)
+    metrics.write(event="start", framework="tensorflow", arch=args.arch, backend=backend,
+                  world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
+                  epochs=args.epochs)
+    if args.test_only:
+        stats = evaluate(make_eval_step(model), val_loader, runtime=runtime)
+        log.info("test: val loss %.4f top1 %.2f top5 %.2f over %d samples", stats["val_loss"], stats["val_top1"],
+                 stats["val_top5"], stats["val_samples"])
+        metrics.write(event="test", **stats)
+        return stats
+
+    train_step = make_train_step(model, optimizer, loss_fn, runtime)
+    eval_step = make_eval_step(model)
+    stats: dict[str, float] = {}
+    for epoch in range(start_epoch, args.epochs):
+        stats = train_one_epoch(train_step, optimizer, train_loader, epoch=epoch, step0=epoch * steps_per_epoch,
+                                schedule=schedule, runtime=runtime, print_freq=args.print_freq,
+                                broadcast=epoch == start_epoch, model=model)
+        stats |= evaluate(eval_step, val_loader, runtime=runtime)
+        if not math.isfinite(stats["train_loss"]):
+            raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
+        log.info(format_epoch_line(epoch, args.epochs, stats))
+        metrics.write(event="epoch", epoch=epoch + 1, lr=float(optimizer.learning_rate), **stats)
+        epoch_var.assign(epoch + 1)
+        if manager is not None:
+            manager.save(checkpoint_number=epoch + 1)
+    return stats
+
+
+def _smoothed_loss(num_classes: int, smoothing: float):
+    cce = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=smoothing)
+
+    def loss(labels, logits):
+        return cce(tf.one_hot(labels, num_classes), logits)
+
+    return loss
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    main(get_args_parser().parse_args())
