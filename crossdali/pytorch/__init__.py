@@ -10,5 +10,6 @@ except ImportError:  # pragma: no cover - depends on the environment
     raise ImportError("crossdali.pytorch needs PyTorch: pip install crossdali[pytorch]") from None
 
 from crossdali.pytorch.loaders import BACKENDS, create_classification_loader
+from crossdali.pytorch.video import VIDEO_BACKENDS, create_video_loader
 
-__all__ = ["BACKENDS", "create_classification_loader"]
+__all__ = ["BACKENDS", "VIDEO_BACKENDS", "create_classification_loader", "create_video_loader"]
