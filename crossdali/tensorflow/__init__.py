@@ -16,5 +16,7 @@ from crossdali.tensorflow.datasets import (
     create_classification_dataset,
     create_classification_loader,
 )
+from crossdali.tensorflow.video import VIDEO_BACKENDS, create_video_dataset, create_video_loader
 
-__all__ = ["BACKENDS", "TFClassificationLoader", "create_classification_dataset", "create_classification_loader"]
+__all__ = ["BACKENDS", "TFClassificationLoader", "create_classification_dataset", "create_classification_loader",
+           "VIDEO_BACKENDS", "create_video_dataset", "create_video_loader"]
