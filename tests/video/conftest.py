@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("av", reason="the video sample set is encoded with PyAV: pip install av")
-
 
 @pytest.fixture(scope="session")
 def tiny_video(data_root) -> Path:
     """80 train / 20 val VP9 clips of 32 frames, 64x64, 4 motion classes; H.264 copies; index videos."""
+    pytest.importorskip("av", reason="the video sample set is encoded with PyAV: pip install av")
     from crossdali.common.sample_data import BUILDERS
 
     return BUILDERS["video"](data_root, "tiny")

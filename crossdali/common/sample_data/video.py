@@ -199,6 +199,11 @@ def build_video(root: Path, cfg: VideoSampleConfig, *, force: bool = False) -> P
     Reused when a set with the same config exists (unless ``force``); written to a temporary
     folder and renamed into place, so an interrupted build is never reused.
     """
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        raise ImportError("the video sample set is encoded with PyAV, which is not installed: pip install av "
+                          "(or build only the other kinds: --kind classification)") from None
     out = Path(root) / "video"
     manifest_path = out / "manifest.json"
     if not force and manifest_path.is_file():
