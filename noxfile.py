@@ -22,7 +22,8 @@ PARITY = ROOT / ".cache" / "parity"
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests-pytorch"]
+# parity runs last: it compares the dumps that the tests-<framework> sessions wrote
+nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-horovod", "parity"]
 
 
 def _env() -> dict[str, str]:
@@ -39,11 +40,49 @@ def _pytest(session: nox.Session, *paths: str) -> None:
     session.run("python", "-m", "pytest", *args, env=_env())
 
 
+def _parity_dump(session: nox.Session, framework: str) -> None:
+    """This framework's first train/val batches (CPU mode) for the final ``parity`` session."""
+    session.run("python", "-m", "crossdali.parity", "dump", "--framework", framework, "--out", str(PARITY), env=_env())
+
+
 @nox.session(name="tests-pytorch")
 def tests_pytorch(session: nox.Session) -> None:
     """Common pipelines, PyTorch loaders and training, torchrun launches (CPU)."""
     _install(session, "pytorch")
     _pytest(session, "tests/common", "tests/pytorch", "tests/video")
+    _parity_dump(session, "pytorch")
+
+
+@nox.session(name="tests-tensorflow")
+def tests_tensorflow(session: nox.Session) -> None:
+    """TensorFlow DALIDataset wrapper, native tf.data baseline, Keras training (CPU)."""
+    _install(session, "tensorflow")
+    # the plugin compiles against the TensorFlow just installed: no build isolation
+    session.install("--no-build-isolation", "-r", "requirements/tensorflow-plugin.txt")
+    _pytest(session, "tests/tensorflow")
+    _parity_dump(session, "tensorflow")
+
+
+@nox.session(name="tests-horovod")
+def tests_horovod(session: nox.Session) -> None:
+    """Horovod 0.28.1 built for PyTorch (scripts/install-horovod: about 10 min on 2 cores the first
+    time, then reused), then horovodrun --gloo and torchrun jobs checked against one process (CPU)."""
+    _install(session, "pytorch")
+    session.install("-r", "requirements/horovod.txt")
+    # --cpu: Gloo only (no GPU here); one CUDA arch for the kernels a CUDA build of torch pulls in
+    session.run("bash", "scripts/install-horovod", "--pytorch", "--cpu", external=True,
+                env={"PYTHON": str(Path(session.bin) / "python"), "HOROVOD_BUILD_CUDA_CC_LIST": "90"})
+    args = session.posargs or ["tests/launch", "-m", "not gpu"]
+    session.run("python", "-m", "pytest", *args, env={**_env(), "CROSSDALI_REQUIRE_HOROVOD": "1"})
+
+
+@nox.session
+def parity(session: nox.Session) -> None:
+    """Bit-exact comparison of every framework's dump (fails with fewer than two)."""
+    session.install("-r", "requirements/parity.txt")
+    session.install("--no-deps", "-e", ".")
+    _pytest(session, "tests/parity")
+    session.run("python", "-m", "crossdali.parity", "compare", str(PARITY), "--min-frameworks", "2", env=_env())
 
 
 @nox.session

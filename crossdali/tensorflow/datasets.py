@@ -122,8 +122,8 @@ def _apply_plan(stream: tf.data.Dataset, plan: EpochPlan) -> tf.data.Dataset:
 
     return (stream.enumerate()
             .filter(lambda i, batch: rows(i) > 0)
-            .map(lambda i, batch: (batch[0][: rows(i)], tf.reshape(batch[1][: rows(i)], [-1])),
-                 num_parallel_calls=None))
+            .map(lambda i, batch: (batch[0][: rows(i)], tf.reshape(batch[1][: rows(i)], [-1])))
+            .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
 
 
 # --------------------------------------------------------------------------------------------
