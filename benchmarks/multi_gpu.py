@@ -1,0 +1,128 @@
+"""Data-parallel scaling of the PyTorch classification script: images/s per GPU on 1 and N GPUs,
+under torchrun (DDP) and, where Horovod is installed, horovodrun.
+
+    python -m benchmarks.multi_gpu --out results/multi_gpu            # every visible GPU count in --gpus
+    python -m benchmarks.multi_gpu --out DIR --gpus 1,2 --launchers torchrun,horovodrun
+
+Each run is the real training script (``crossdali.pytorch.train_classification``) with DALI on every
+GPU (``--data-backend dali-gpu``, hardware JPEG decoder), ResNet-50, AMP, channels-last, batch 256
+per GPU, on the ``bench`` sample set (8,195 JPEGs, built first if missing). Epoch 1 warms up; the
+median ``train_img_s`` of the later epochs is the job's rate. Writes ``multi_gpu.json`` and
+``multi_gpu.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("results/multi_gpu"), help="folder for JSON and PNG")
+    parser.add_argument("--gpus", default="1,2", help="GPU counts to run (each <= visible GPUs)")
+    parser.add_argument("--launchers", default="torchrun,horovodrun", help="torchrun and/or horovodrun")
+    parser.add_argument("--arch", default="resnet50")
+    parser.add_argument("-b", "--batch-size", type=int, default=256, help="per GPU")
+    parser.add_argument("--epochs", type=int, default=4, help="epoch 1 is warm-up")
+    parser.add_argument("--sample-size", default="bench")
+    parser.add_argument("--workers", type=int, default=None, help="DALI threads per GPU (default: cores / GPUs)")
+    parser.add_argument("--timeout", type=int, default=540, help="seconds per run")
+    return parser
+
+
+def _command(launcher: str, gpus: int, train_args: list[str]) -> list[str]:
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus),
+                "-m", "crossdali.pytorch.train_classification", *train_args]
+    horovodrun = shutil.which("horovodrun") or str(Path(sys.executable).parent / "horovodrun")
+    return [horovodrun, "-np", str(gpus), "-H", f"localhost:{gpus}", sys.executable, "-m",
+            "crossdali.pytorch.train_classification", *train_args]
+
+
+def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
+    workers = args.workers or max(1, (os.cpu_count() or 2) // gpus - 1)
+    record: dict = {"launcher": launcher, "gpus": gpus, "workers_per_gpu": workers}
+    if launcher == "horovodrun" and importlib.util.find_spec("horovod") is None:
+        return record | {"skipped": "Horovod is not installed here (scripts/install-horovod needs network and a "
+                                    "compiler; see docs/distributed.md)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        train_args = ["--data-backend", "dali-gpu", "--sample-size", args.sample_size, "--arch", args.arch,
+                      "-b", str(args.batch_size), "--epochs", str(args.epochs), "--amp", "--channels-last",
+                      "-j", str(workers), "--lr-warmup-epochs", "1", "--print-freq", "0", "--output-dir", tmp]
+        start = time.perf_counter()
+        proc = subprocess.run(_command(launcher, gpus, train_args), capture_output=True, text=True,
+                              timeout=args.timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        record["wall_s"] = round(time.perf_counter() - start, 1)
+        if proc.returncode != 0:
+            return record | {"failed": proc.stderr[-4000:]}
+        records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    timed = [r["train_img_s"] for r in epochs[1:]] or [epochs[-1]["train_img_s"]]
+    job = statistics.median(timed)
+    return record | {"engine": records[0]["engine"], "img_s": round(job, 1), "img_s_per_gpu": round(job / gpus, 1),
+                     "epoch_img_s": [round(r["train_img_s"], 1) for r in epochs],
+                     "val_top1_last": epochs[-1]["val_top1"]}
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in results if "img_s_per_gpu" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{r['launcher']}\n{r['gpus']} GPU" for r in done]
+    bars = ax.bar(labels, [r["img_s_per_gpu"] for r in done], color="#76b900")
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("images/s per GPU")
+    ax.set_title("ResNet-50 training, DALI on each GPU: per-GPU throughput")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(args: argparse.Namespace) -> list[dict]:
+    import torch
+
+    from crossdali.common.sample_data import ensure_classification
+
+    visible = torch.cuda.device_count()
+    counts = [int(g) for g in args.gpus.split(",")]
+    if visible < max(counts):
+        raise SystemExit(f"--gpus {args.gpus} needs {max(counts)} GPUs, {visible} visible: pass --gpus 1,{visible or 1}")
+    ensure_classification(size=args.sample_size)  # build once, before any rank starts
+    results = []
+    for launcher in args.launchers.split(","):
+        for gpus in counts:
+            result = run_one(launcher, gpus, args)
+            print(json.dumps(result)[:400], flush=True)
+            results.append(result)
+    for r in results:  # scaling efficiency against the same launcher on one GPU
+        one = next((o for o in results if o["launcher"] == r["launcher"] and o["gpus"] == 1 and "img_s" in o), None)
+        if one and "img_s" in r:
+            r["scaling_efficiency"] = round(r["img_s_per_gpu"] / one["img_s_per_gpu"], 3)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name(0), "gpus_visible": visible, "torch": torch.__version__,
+            "cpu_count": os.cpu_count(), "python": platform.python_version(), "arch": args.arch,
+            "batch_size_per_gpu": args.batch_size, "epochs": args.epochs, "sample_size": args.sample_size}
+    (args.out / "multi_gpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    plot(results, args.out / "multi_gpu.png")
+    return results
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
