@@ -68,11 +68,11 @@ def tests_horovod(session: nox.Session) -> None:
     """Horovod 0.28.1 built for PyTorch (scripts/install-horovod: about 10 min on 2 cores the first
     time, then reused), then horovodrun --gloo and torchrun jobs checked against one process (CPU)."""
     _install(session, "pytorch")
-    session.install("-r", "requirements/horovod.txt")
+    session.install("-r", "requirements/horovod.txt", "-r", "requirements/lint.txt")  # lint: hadolint
     # --cpu: Gloo only (no GPU here); one CUDA arch for the kernels a CUDA build of torch pulls in
     session.run("bash", "scripts/install-horovod", "--pytorch", "--cpu", external=True,
                 env={"PYTHON": str(Path(session.bin) / "python"), "HOROVOD_BUILD_CUDA_CC_LIST": "90"})
-    args = session.posargs or ["tests/launch", "-m", "not gpu"]
+    args = session.posargs or ["tests/launch", "tests/test_docker.py", "-m", "not gpu"]
     session.run("python", "-m", "pytest", *args, env={**_env(), "CROSSDALI_REQUIRE_HOROVOD": "1"})
 
 
@@ -87,9 +87,10 @@ def parity(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the package, tests and scripts."""
+    """ruff over the package, tests and scripts; hadolint over the Dockerfiles."""
     session.install("-r", "requirements/lint.txt")
     session.run("ruff", "check", "crossdali", "tests", "noxfile.py", "benchmarks")
+    session.run("hadolint", *sorted(str(p) for p in ROOT.glob("docker/*/Dockerfile")))
 
 
 @nox.session
