@@ -5,6 +5,7 @@
     python -m crossdali.parity compare .cache/parity                             # anywhere with numpy
 
 ``dump`` runs the shared train pipeline (fixed seed) and val pipeline in CPU mode (``dali-cpu``)
+(and, where the framework has a video wrapper, the clip pipeline's train and val: ``VIDEO_SPLITS``)
 through THAT framework's wrapper, converts the first K batches to numpy in one layout (NCHW) and
 writes ``<out>/<framework>.npz``. ``compare`` checks that all dumps present are identical bit for
 bit and fails loudly with the first differing framework pair, split, batch, sample index and the
@@ -35,6 +36,9 @@ import numpy as np
 __all__ = ["DumpConfig", "DUMPERS", "ParityError", "dump", "compare", "load_dump"]
 
 SPLITS = ("train", "val")
+#: Video clip batches (``crossdali.common.video``, NCFHW), dumped by the frameworks that have a video
+#: wrapper when ``DumpConfig.video_data`` is set; compared among the dumps that hold them.
+VIDEO_SPLITS = ("video_train", "video_val")
 LAYOUT = "NCHW"
 
 
@@ -52,6 +56,7 @@ class DumpConfig:
     crop_size: int = 64
     workers: int = 2
     seed: int = 7
+    video_data: str = ""  # the video sample set ("" = no video clips in the dump)
 
 
 Batches = list[tuple[np.ndarray, np.ndarray]]
@@ -80,6 +85,12 @@ def _dump_pytorch(cfg: DumpConfig) -> dict[str, Batches]:
                                               batch_size=cfg.batch_size, crop_size=cfg.crop_size,
                                               workers=cfg.workers, seed=cfg.seed)
         result[split] = _take(loader, cfg.batches, lambda t: t.cpu().numpy(), channels_last=False)
+    if cfg.video_data:
+        from crossdali.pytorch import create_video_loader
+
+        for split in VIDEO_SPLITS:
+            loader = create_video_loader(cfg.video_data, train=split == "video_train", **_video_kwargs(cfg))
+            result[split] = _take(loader, cfg.batches, lambda t: t.cpu().numpy(), channels_last=False)
     return result
 
 
@@ -92,7 +103,22 @@ def _dump_tensorflow(cfg: DumpConfig) -> dict[str, Batches]:
                                               batch_size=cfg.batch_size, crop_size=cfg.crop_size,
                                               workers=cfg.workers, seed=cfg.seed, layout="HWC")
         result[split] = _take(loader, cfg.batches, lambda t: t.numpy(), channels_last=True)
+    if cfg.video_data:
+        from crossdali.tensorflow import create_video_loader
+
+        for split in VIDEO_SPLITS:
+            loader = create_video_loader(cfg.video_data, train=split == "video_train", **_video_kwargs(cfg))
+            result[split] = _take(loader, cfg.batches, lambda t: t.numpy(), channels_last=False)
     return result
+
+
+def _video_kwargs(cfg: DumpConfig) -> dict:
+    """The clip pipeline settings every framework dumps with (NCFHW, CPU mode)."""
+    import importlib.util
+
+    return {"backend": "dali-cpu", "batch_size": cfg.batch_size, "sequence_length": 8, "stride": 2,
+            "crop_size": cfg.crop_size, "workers": cfg.workers, "seed": cfg.seed, "layout": "NCFHW",
+            "validate": importlib.util.find_spec("av") is not None}  # probing the files needs PyAV
 
 
 #: framework name -> dump function (imports its framework lazily).
@@ -144,6 +170,7 @@ def dump(framework: str, out_dir: Path, cfg: DumpConfig) -> Path:
             arrays[f"{split}/{i}/images"] = images
             arrays[f"{split}/{i}/labels"] = labels
     meta = {"framework": framework, "config": asdict(cfg), "layout": LAYOUT, "data_digest": _data_digest(Path(cfg.data)),
+            "video_digest": _data_digest(Path(cfg.video_data)) if cfg.video_data else "",
             "versions": _versions(framework), "time": time.time()}
     tmp = out_dir / f".{framework}.partial.npz"
     np.savez(tmp, __meta__=np.array(json.dumps(meta)), **arrays)
@@ -155,7 +182,7 @@ def load_dump(path: Path) -> tuple[dict, dict[str, Batches]]:
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["__meta__"]))
         batches: dict[str, Batches] = {}
-        for split in SPLITS:
+        for split in SPLITS + VIDEO_SPLITS:
             i = 0
             while f"{split}/{i}/images" in z:
                 batches.setdefault(split, []).append((z[f"{split}/{i}/images"], z[f"{split}/{i}/labels"]))
@@ -193,16 +220,25 @@ def compare(out_dir: Path, *, min_frameworks: int = 2) -> list[str]:
     dumps = [(p.stem, *load_dump(p)) for p in paths]
     ref_name, ref_meta, ref = dumps[0]
     for name, meta, batches in dumps[1:]:
-        for key in ("config", "layout", "data_digest"):
-            if meta[key] != ref_meta[key]:
+        for key in ("config", "layout", "data_digest", "video_digest"):
+            if meta.get(key) != ref_meta.get(key):
                 raise ParityError(f"{ref_name} and {name} dumps were made with different {key}: "
-                                  f"{ref_meta[key]} vs {meta[key]}; dump both again with the same options")
+                                  f"{ref_meta.get(key)} vs {meta.get(key)}; dump both again with the same options")
         for split in SPLITS:
             if split not in ref or split not in batches:
                 raise ParityError(f"{ref_name if split not in ref else name} dump has no {split} batches")
             problem = _first_difference(ref[split], batches[split])
             if problem:
                 raise ParityError(f"{ref_name} vs {name}, {split}: {problem}")
+    for split in VIDEO_SPLITS:  # only frameworks with a video wrapper dump these
+        holders = [(name, batches) for name, _, batches in dumps if split in batches]
+        if len(holders) == 1:
+            raise ParityError(f"only the {holders[0][0]} dump has {split} batches, nothing to compare them with: "
+                              "dump another framework with the same video data")
+        for name, batches in holders[1:]:
+            problem = _first_difference(holders[0][1][split], batches[split])
+            if problem:
+                raise ParityError(f"{holders[0][0]} vs {name}, {split}: {problem}")
     return [d[0] for d in dumps]
 
 
@@ -214,6 +250,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--data", type=Path, default=None,
                    help="ImageFolder with train/ and val/; default: the tiny sample set (built if missing)")
+    d.add_argument("--video-data", type=Path, default=None,
+                   help="video set with train.txt/val.txt; default: the tiny video sample set (if PyAV can build it)")
     for field in ("batches", "batch_size", "crop_size", "workers", "seed"):
         d.add_argument(f"--{field.replace('_', '-')}", type=int, default=DumpConfig.__dataclass_fields__[field].default)
     c = sub.add_parser("compare", help="compare all dumps in a folder, bit for bit")
@@ -229,8 +267,17 @@ def main(args: argparse.Namespace) -> None:
             from crossdali.common.sample_data import ensure_classification  # defer: PIL
 
             data = ensure_classification(size="tiny") / "imagefolder"
+        video = args.video_data
+        if video is None:
+            try:
+                from crossdali.common.sample_data.video import ensure_video  # defer: PyAV
+
+                video = ensure_video(size="tiny")
+            except ImportError as e:
+                print(f"parity: no video clips in this dump ({e})", file=sys.stderr)
         cfg = DumpConfig(data=str(Path(data).resolve()), batches=args.batches, batch_size=args.batch_size,
-                         crop_size=args.crop_size, workers=args.workers, seed=args.seed)
+                         crop_size=args.crop_size, workers=args.workers, seed=args.seed,
+                         video_data=str(Path(video).resolve()) if video else "")
         path = dump(args.framework, args.out, cfg)
         print(f"parity: wrote {path}")
         return
@@ -239,7 +286,9 @@ def main(args: argparse.Namespace) -> None:
     except ParityError as e:
         print(f"parity FAILED: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"parity: {', '.join(names)} identical bit for bit (train and val, CPU mode, layout {LAYOUT})")
+    video = [n for n in names if set(VIDEO_SPLITS) <= set(load_dump(Path(args.out) / f"{n}.npz")[1])]
+    clips = f"; video clips (NCFHW): {', '.join(video)}" if video else ""
+    print(f"parity: {', '.join(names)} identical bit for bit (train and val, CPU mode, layout {LAYOUT}{clips})")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from crossdali.common.video import (
     VIDEO_READER_NAME,
     ClipTransform,
     check_videos,
-    clips_per_epoch,
     create_clip_pipeline,
     explain_video_failure,
     resolve_video_source,
@@ -68,13 +67,14 @@ def create_video_loader(
     device_id: int | None = None,
     dtype: str = "float32",
     last_batch: str | None = None,
+    validate: bool = True,
 ) -> TFClassificationLoader:
     """A loader of ``(clips, labels)`` TF batches for the train or val split of ``data``.
 
     Same arguments and meaning as ``crossdali.pytorch.create_video_loader`` (the layout default
     is channels-last here). ``for clips, labels in loader`` is one epoch; ``loader.dataset`` is
     the ``tf.data.Dataset`` (endless for train: give Keras ``steps_per_epoch=loader.steps_per_epoch``).
-    Every file is probed first, so a bad one fails with its name and the fix.
+    ``validate`` probes every file first (needs PyAV), so a bad one fails with its name and the fix.
     """
     if backend not in VIDEO_BACKENDS:
         raise ValueError(f"video backend must be one of {VIDEO_BACKENDS}, got {backend!r}")
@@ -86,11 +86,9 @@ def create_video_loader(
     t = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
                       hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype)
     device = "gpu" if backend == "dali-gpu" else "cpu"
-    num_clips = clips_per_epoch(check_videos(source.files, device=device, transform=t), t)
+    if validate:
+        check_videos(source.files, device=device, transform=t)
     policy = choose_last_batch_policy(train=train, num_shards=dist.world_size, policy=last_batch)
-    if dist.is_main:
-        log_epoch_plan(f"video {split} ({backend}, {source.num_samples} files at {source.root})", num_clips,
-                       batch_size=batch_size, num_shards=dist.world_size, policy=policy)
     options = PipelineOptions(
         batch_size=batch_size, device=device,
         device_id=(device_id if device_id is not None else dist.local_rank) if device == "gpu" else None,
@@ -107,8 +105,13 @@ def create_video_loader(
         check_pipeline_outputs(twin, output_shapes=[(1, *s[1:]) for s in shapes], output_dtypes=dtypes)
     except RuntimeError as e:
         raise explain_video_failure(source, e, device=device) from e
-    plan = EpochPlan.from_reader_meta(twin.reader_meta(VIDEO_READER_NAME), batch_size=batch_size, policy=policy)
+    meta = twin.reader_meta(VIDEO_READER_NAME)
     del twin
+    plan = EpochPlan.from_reader_meta(meta, batch_size=batch_size, policy=policy)
+    num_clips = int(meta["epoch_size"])
+    if dist.is_main:
+        log_epoch_plan(f"video {split} ({backend}, {source.num_samples} files at {source.root})", num_clips,
+                       batch_size=batch_size, num_shards=dist.world_size, policy=policy)
 
     pipe = create_clip_pipeline(source, train=train, options=options, transform=t, validate=False)
     raw = dali_dataset(pipe, batch_size=batch_size, output_shapes=shapes, output_dtypes=dtypes,

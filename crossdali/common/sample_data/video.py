@@ -199,19 +199,19 @@ def build_video(root: Path, cfg: VideoSampleConfig, *, force: bool = False) -> P
     Reused when a set with the same config exists (unless ``force``); written to a temporary
     folder and renamed into place, so an interrupted build is never reused.
     """
-    try:
-        import av  # noqa: F401
-    except ImportError:
-        raise ImportError("the video sample set is encoded with PyAV, which is not installed: pip install av "
-                          "(or build only the other kinds: --kind classification)") from None
     out = Path(root) / "video"
     manifest_path = out / "manifest.json"
     if not force and manifest_path.is_file():
         try:
             if json.loads(manifest_path.read_text())["config"] == asdict(cfg):
-                return out
+                return out  # reused without PyAV: environments that only read the clips need not install it
         except (ValueError, KeyError):
             pass  # unreadable manifest: rebuild
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        raise ImportError("the video sample set is encoded with PyAV, which is not installed: pip install av "
+                          "(or build only the other kinds: --kind classification)") from None
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     codecs = ("vp9", "h264") if cfg.h264 else ("vp9",)
