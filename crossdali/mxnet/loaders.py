@@ -210,7 +210,7 @@ class NativeRecordIter(mx.io.DataIter):
         super().__init__(batch_size)
         t = transform
         preset = dict(
-            rand_crop=True, random_resized_crop=True, min_random_area=t.random_area[0],
+            random_resized_crop=True, min_random_area=t.random_area[0],
             max_random_area=t.random_area[1], min_aspect_ratio=t.random_aspect_ratio[0],
             max_aspect_ratio=t.random_aspect_ratio[1], rand_mirror=True, shuffle=True,
         ) if train else dict(resize=t.val_resize_size, rand_crop=False, rand_mirror=False, shuffle=False)

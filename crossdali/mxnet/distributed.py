@@ -1,0 +1,127 @@
+"""Data-parallel set-up for MXNet: Horovod when the job was started by horovodrun/mpirun and
+``horovod.mxnet`` imports, else MXNet's own parameter-server kvstore (``dist_sync``).
+
+- Horovod: rank and world size come from ``crossdali.common.distributed`` (the launcher's
+  variables) and are checked against ``hvd.rank()``; gradients are all-reduced by
+  ``hvd.DistributedTrainer``.
+- kvstore: MXNet's launchers (``crossdali.mxnet.launch`` here, ``tools/launch.py`` of the MXNet
+  repository for ssh/mpi/yarn) set only ``DMLC_*`` variables; a worker's rank is assigned when
+  it registers with the scheduler, so it is read from ``kv.rank``. Gradients are summed by the
+  servers (``update_on_kvstore=False``: the servers hold no optimizer, so the same kvstore can
+  also sum metrics) and every worker applies the same update.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import mxnet as mx
+import numpy as np
+
+from crossdali.common.distributed import DistInfo, detect_distributed
+
+__all__ = ["Runtime", "init_distributed", "ENGINES"]
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "horovod", "kvstore", "none")
+# Integer keys are the trainer's parameter indices (0..n-1); metrics use one far above them.
+_METRICS_KEY = 1_000_003
+
+
+@dataclass
+class Runtime:
+    """This process's place in the job, its device and the engine that averages gradients."""
+
+    dist: DistInfo
+    context: mx.Context
+    engine: str  # "none" | "horovod" | "kvstore"
+    kvstore: object | None = None
+
+    def make_trainer(self, params, optimizer: str, optimizer_params: dict) -> mx.gluon.Trainer:
+        if self.engine == "horovod":
+            import horovod.mxnet as hvd
+
+            hvd.broadcast_parameters(params, root_rank=0)
+            return hvd.DistributedTrainer(params, optimizer, optimizer_params)
+        if self.engine == "kvstore":
+            return mx.gluon.Trainer(params, optimizer, optimizer_params, kvstore=self.kvstore,
+                                    update_on_kvstore=False)
+        return mx.gluon.Trainer(params, optimizer, optimizer_params, kvstore=None)
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum ``values`` over all workers (metric counts and sums)."""
+        arr = mx.nd.array(np.asarray(values, dtype=np.float64), dtype=np.float64)
+        if self.engine == "horovod":
+            import horovod.mxnet as hvd
+
+            arr = hvd.allreduce(arr, average=False, name="metrics")
+        elif self.engine == "kvstore":
+            if not getattr(self, "_metrics_ready", False):
+                self.kvstore.init(_METRICS_KEY, mx.nd.zeros(arr.shape, dtype=np.float64))
+                self._metrics_ready = True
+            self.kvstore.push(_METRICS_KEY, arr)
+            out = mx.nd.zeros(arr.shape, dtype=np.float64)
+            self.kvstore.pull(_METRICS_KEY, out=out)
+            arr = out
+        return arr.asnumpy().tolist()
+
+    def barrier(self) -> None:
+        if self.engine == "kvstore":
+            self.kvstore._barrier()  # the public API has none; Module.fit uses the same call
+        elif self.engine == "horovod":
+            self.all_reduce_sum([0.0])
+
+
+def _horovod_available() -> bool:
+    try:
+        import horovod.mxnet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def init_distributed(*, engine: str = "auto") -> Runtime:
+    """Join the job the launcher started (see the module docstring). ``engine="auto"``:
+    Horovod under horovodrun or mpirun (when importable), kvstore under a DMLC launcher, a
+    single process otherwise."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    dist = detect_distributed()
+    dmlc_worker = os.environ.get("DMLC_ROLE") == "worker"
+    if engine == "auto":
+        if dist.launcher == "horovodrun" or (dist.launcher in ("openmpi", "mpich") and _horovod_available()):
+            engine = "horovod"
+        elif dmlc_worker:
+            engine = "kvstore"
+        elif dist.is_distributed:
+            raise RuntimeError(f"{dist.world_size} processes started by {dist.launcher}, but horovod.mxnet cannot be "
+                               "imported and no DMLC_ROLE is set: install Horovod with MXNet support, or launch with "
+                               "`python -m crossdali.mxnet.launch -n N -- python -m crossdali.mxnet.train_classification`")
+        else:
+            engine = "none"
+    kvstore = None
+    if engine == "horovod":
+        try:
+            import horovod.mxnet as hvd
+        except ImportError:
+            raise ImportError("this job was started by horovodrun but horovod.mxnet cannot be imported: build "
+                              "Horovod with HOROVOD_WITH_MXNET=1, or use the kvstore launcher "
+                              "(python -m crossdali.mxnet.launch)") from None
+        hvd.init()
+        if dist.is_distributed and (hvd.rank(), hvd.size()) != (dist.rank, dist.world_size):
+            raise RuntimeError(f"Horovod says rank {hvd.rank()}/{hvd.size()} but {dist.launcher} set "
+                               f"{dist.rank}/{dist.world_size}; check the launch command")
+        dist = DistInfo(rank=hvd.rank(), world_size=hvd.size(), local_rank=hvd.local_rank(), launcher=dist.launcher)
+    elif engine == "kvstore":
+        if not dmlc_worker:
+            raise RuntimeError("--engine kvstore needs a DMLC launcher (DMLC_ROLE=worker is not set): "
+                               "python -m crossdali.mxnet.launch -n N -- python -m crossdali.mxnet.train_classification")
+        kvstore = mx.kv.create("dist_sync")
+        num_gpus = mx.context.num_gpus()
+        local = kvstore.rank % num_gpus if num_gpus else 0
+        dist = DistInfo(rank=kvstore.rank, world_size=kvstore.num_workers, local_rank=local, launcher="dmlc")
+    context = mx.gpu(dist.local_rank) if mx.context.num_gpus() > 0 else mx.cpu()
+    return Runtime(dist=dist, context=context, engine=engine, kvstore=kvstore)

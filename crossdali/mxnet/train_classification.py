@@ -1,0 +1,244 @@
+"""Train an image classifier (Gluon ResNet-50 v1 by default) on DALI-fed MXNet batches.
+
+    python -m crossdali.mxnet.train_classification                    # sample data, auto backend
+    python -m crossdali.mxnet.launch -n 2 -- python -m crossdali.mxnet.train_classification --data /imagenet
+    horovodrun -np 8 python -m crossdali.mxnet.train_classification --data /imagenet   # if horovod.mxnet imports
+
+Same shape and flags as ``crossdali.pytorch.train_classification`` where they apply (no
+``--amp``/``--channels-last``: the MXNet wheel this was built against is CPU-only, so those
+could not be tested). Without ``--data`` it builds the embedded sample set (if missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+from crossdali.common.metrics import MetricsWriter, format_epoch_line
+from crossdali.common.sample_data import SIZES, class_names, ensure_classification
+from crossdali.common.sources import resolve_source
+from crossdali.mxnet.distributed import ENGINES, Runtime, init_distributed
+from crossdali.mxnet.loaders import BACKENDS, create_classification_loader
+
+log = logging.getLogger("crossdali.train")
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="crossdali MXNet (Gluon) classification training", add_help=add_help)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO or file lists; "
+                             "default: the embedded sample set (built if missing)")
+    parser.add_argument("--data-format", default="auto", choices=["auto", "imagefolder", "tfrecord", "recordio", "filelist"])
+    parser.add_argument("--sample-size", default="small", choices=sorted(SIZES), help="sample set size when --data is not given")
+    parser.add_argument("--data-backend", default="auto", choices=["auto", *BACKENDS],
+                        help="native = mx.io.ImageRecordIter (needs RecordIO)")
+    parser.add_argument("--arch", default="resnet50_v1", help="any gluon.model_zoo.vision name (resnet18_v1, resnet50_v1, ...)")
+    parser.add_argument("--num-classes", type=int, default=None, help="default: from the dataset (needed for record formats)")
+    parser.add_argument("-b", "--batch-size", type=int, default=128, help="images per process per step")
+    parser.add_argument("--epochs", type=int, default=90)
+    parser.add_argument("--lr", type=float, default=0.1, help="learning rate for a global batch of 256 (scaled linearly)")
+    parser.add_argument("--lr-warmup-epochs", type=float, default=5, help="linear warm-up, then cosine decay")
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
+    parser.add_argument("--label-smoothing", type=float, default=0.0)
+    parser.add_argument("-j", "--workers", type=int, default=4, help="DALI threads or ImageRecordIter threads per process")
+    parser.add_argument("--crop-size", type=int, default=224)
+    parser.add_argument("--hw-decoder-load", type=float, default=1.0, help="share of JPEGs for the hardware decoder (dali-gpu)")
+    parser.add_argument("--engine", default="auto", choices=ENGINES,
+                        help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher")
+    parser.add_argument("--resume", type=Path, default=None, help="checkpoint (.params) to resume from")
+    parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and metrics.jsonl go here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-freq", type=int, default=10, help="steps between progress lines")
+    parser.add_argument("--test-only", action="store_true", help="only evaluate (with --resume)")
+    return parser
+
+
+def accuracy_counts(output: np.ndarray, target: np.ndarray, topk=(1, 5)) -> list[int]:
+    """Number of samples whose target is among the top-k predictions, for each k."""
+    maxk = min(max(topk), output.shape[1])
+    pred = np.argsort(-output, axis=1, kind="stable")[:, :maxk]
+    correct = pred == target.reshape(-1, 1).astype(np.int64)
+    return [int(correct[:, : min(k, maxk)].any(axis=1).sum()) for k in topk]
+
+
+def _real_rows(batch: mx.io.DataBatch) -> tuple[mx.nd.NDArray, mx.nd.NDArray, int]:
+    """Images and labels without the ``pad`` trailing rows of MXNet's last batch.
+
+    Training on the padding would repeat a sample and, worse, skew BatchNorm's batch statistics
+    (up to batch_size - 1 copies of one image), so the padded rows are cut off, not masked.
+    """
+    images, labels = batch.data[0], batch.label[0]
+    valid = images.shape[0] - (batch.pad or 0)
+    if valid < images.shape[0]:
+        images, labels = images[:valid], labels[:valid]
+    return images, labels, valid
+
+
+def train_one_epoch(net, loss_fn, trainer, loader, *, epoch: int, runtime: Runtime, print_freq: int) -> dict[str, float]:
+    ctx = runtime.context
+    loss_sum, seen, data_wait = 0.0, 0, 0.0
+    loader.reset()
+    start = last = time.perf_counter()
+    batch_end = start
+    for step, batch in enumerate(loader):
+        data_wait += time.perf_counter() - batch_end
+        images, target, valid = _real_rows(batch)
+        images, target = images.as_in_context(ctx), target.as_in_context(ctx)
+        with autograd.record():
+            loss = loss_fn(net(images), target)
+        loss.backward()
+        trainer.step(valid)
+        batch_loss = float(loss.sum().asscalar())  # also waits for the step (MXNet runs ops asynchronously)
+        loss_sum += batch_loss
+        seen += valid
+        if print_freq and (step + 1) % print_freq == 0:
+            now = time.perf_counter()
+            log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
+                     len(loader), batch_loss / max(valid, 1), trainer.learning_rate,
+                     print_freq * valid * runtime.dist.world_size / (now - last), data_wait)
+            last = now
+        batch_end = time.perf_counter()
+    mx.nd.waitall()
+    elapsed = time.perf_counter() - start
+    loss_total, seen_total, _ = runtime.all_reduce_sum([loss_sum, seen, data_wait])
+    return {"train_loss": loss_total / max(seen_total, 1), "train_img_s": seen_total / elapsed,
+            "data_wait_s": data_wait, "train_samples": int(seen_total), "train_seconds": elapsed}
+
+
+def evaluate(net, loss_fn, loader, *, runtime: Runtime) -> dict[str, float]:
+    """Loss and top-1/top-5 over the whole val set: every sample once across all ranks."""
+    ctx = runtime.context
+    loss_sum, correct1, correct5, seen = 0.0, 0, 0, 0
+    loader.reset()
+    for batch in loader:
+        images, target, valid = _real_rows(batch)
+        output = net(images.as_in_context(ctx))
+        target = target.as_in_context(ctx)
+        loss_sum += float(loss_fn(output, target).sum().asscalar())
+        c1, c5 = accuracy_counts(output.asnumpy(), target.asnumpy())
+        correct1, correct5, seen = correct1 + c1, correct5 + c5, seen + valid
+    loss_sum, correct1, correct5, seen = runtime.all_reduce_sum([loss_sum, correct1, correct5, seen])
+    return {"val_loss": loss_sum / max(seen, 1), "val_top1": 100 * correct1 / max(seen, 1),
+            "val_top5": 100 * correct5 / max(seen, 1), "val_samples": int(seen)}
+
+
+def load_data(args, runtime: Runtime, backend: str):
+    """Train and val iterators over the same dataset, sharded by the global rank."""
+    data = args.data
+    num_classes = args.num_classes
+    if data is None:
+        fmt = "recordio" if backend == "native" else "imagefolder"
+        if runtime.dist.is_main:
+            ensure_classification(size=args.sample_size)
+        runtime.barrier()  # other ranks wait for rank 0 to build the sample set
+        data = ensure_classification(size=args.sample_size) / fmt
+        num_classes = num_classes or len(class_names())
+    common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
+                  seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank, dtype="float32",
+                  hw_decoder_load=args.hw_decoder_load)
+    train_src = resolve_source(data, "train", format=args.data_format)
+    val_src = resolve_source(data, "val", format=args.data_format)
+    train_loader = create_classification_loader(train_src, train=True, **common)
+    val_loader = create_classification_loader(val_src, train=False, **common)
+    num_classes = num_classes or train_src.num_classes
+    if not num_classes:
+        raise ValueError(f"cannot tell the number of classes of {train_src.format} data at {data}: pass --num-classes")
+    return train_loader, val_loader, num_classes
+
+
+def _choose_backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    if mx.context.num_gpus() > 0:
+        log.info("data backend: dali-gpu (DALI mixed decoder, MXNet with CUDA)")
+        return "dali-gpu"
+    log.info("data backend: dali-cpu (MXNet sees no GPU: DALI runs all operators on the CPU)")
+    return "dali-cpu"
+
+
+def _checkpoint_paths(params: Path) -> tuple[Path, Path, Path]:
+    return params, params.with_suffix(".states"), params.with_suffix(".json")
+
+
+def main(args: argparse.Namespace) -> dict[str, float]:
+    runtime = init_distributed(engine=args.engine)
+    logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
+                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    mx.random.seed(args.seed)  # same initial weights on every rank (also broadcast by the engine)
+    np.random.seed(args.seed)
+    backend = _choose_backend(args.data_backend)
+    log.info("rank %d/%d (launcher %s, engine %s), context %s", runtime.dist.rank, runtime.dist.world_size,
+             runtime.dist.launcher, runtime.engine, runtime.context)
+    train_loader, val_loader, num_classes = load_data(args, runtime, backend)
+
+    net = gluon.model_zoo.vision.get_model(args.arch, classes=num_classes, pretrained=False)
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=runtime.context)
+    net.hybridize(static_alloc=True)
+    global_batch = args.batch_size * runtime.dist.world_size
+    lr = args.lr * global_batch / 256
+    steps_per_epoch = max(1, len(train_loader))
+    total = args.epochs * steps_per_epoch
+    warmup = min(int(args.lr_warmup_epochs * steps_per_epoch), total - 1)
+    schedule = mx.lr_scheduler.CosineScheduler(max_update=max(1, total), base_lr=lr, final_lr=0.0,
+                                               warmup_steps=max(0, warmup), warmup_begin_lr=lr * 0.1)
+    trainer = runtime.make_trainer(net.collect_params(), "sgd", {
+        "learning_rate": lr, "momentum": args.momentum, "wd": args.weight_decay, "lr_scheduler": schedule})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    if args.label_smoothing:
+        smooth = args.label_smoothing
+
+        def loss_fn(output, target, _ce=gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)):
+            dense = mx.nd.one_hot(target, num_classes) * (1 - smooth) + smooth / num_classes
+            return _ce(output, dense)
+
+    start_epoch = 0
+    if args.resume is not None:
+        params, states, meta = _checkpoint_paths(args.resume)
+        for path in (params, states, meta):
+            if not path.is_file():
+                raise FileNotFoundError(f"--resume {args.resume}: {path} does not exist")
+        net.load_parameters(str(params), ctx=runtime.context)
+        trainer.load_states(str(states))
+        start_epoch = json.loads(meta.read_text())["epoch"] + 1
+        log.info("resumed from %s at epoch %d", params, start_epoch + 1)
+
+    metrics = MetricsWriter(args.output_dir, enabled=runtime.dist.is_main)
+    metrics.write(event="start", arch=args.arch, backend=backend, world_size=runtime.dist.world_size,
+                  engine=runtime.engine, batch_size=args.batch_size, lr=lr, epochs=args.epochs, framework="mxnet")
+
+    if args.test_only:
+        stats = evaluate(net, loss_fn, val_loader, runtime=runtime)
+        log.info("test: val loss %.4f top1 %.2f top5 %.2f over %d samples", stats["val_loss"],
+                 stats["val_top1"], stats["val_top5"], stats["val_samples"])
+        metrics.write(event="test", **stats)
+        return stats
+
+    stats: dict[str, float] = {}
+    for epoch in range(start_epoch, args.epochs):
+        stats = train_one_epoch(net, loss_fn, trainer, train_loader, epoch=epoch, runtime=runtime,
+                                print_freq=args.print_freq)
+        stats |= evaluate(net, loss_fn, val_loader, runtime=runtime)
+        if not math.isfinite(stats["train_loss"]):
+            raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
+        log.info(format_epoch_line(epoch, args.epochs, stats))
+        metrics.write(event="epoch", epoch=epoch + 1, lr=trainer.learning_rate, **stats)
+        if args.output_dir is not None and runtime.dist.is_main:
+            params, states, meta = _checkpoint_paths(args.output_dir / "checkpoint.params")
+            net.save_parameters(str(params))
+            trainer.save_states(str(states))
+            meta.write_text(json.dumps({"epoch": epoch, "arch": args.arch, "num_classes": num_classes,
+                                        "args": {k: str(v) for k, v in vars(args).items()}}))
+    return stats
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
