@@ -53,7 +53,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--files", type=int, default=14, help="test videos per resolution")
     parser.add_argument("--frames", type=int, default=144, help="frames per test video")
     parser.add_argument("--seconds", type=float, default=6.0, help="timed seconds per configuration")
-    parser.add_argument("--budget-s", type=float, default=285.0, help="skip what is left after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=265.0, help="skip what is left after this many seconds")
     parser.add_argument("--readers", default="1,2,4,7", help="reader instances in one pipeline")
     parser.add_argument("--pipelines", default="4,7", help="pipelines in one process (threads)")
     parser.add_argument("--cpu-procs", type=int, default=os.cpu_count() or 16, help="processes for CPU decoding")
