@@ -23,7 +23,7 @@ PARITY = ROOT / ".cache" / "parity"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 # parity runs last: it compares the dumps that the tests-<framework> sessions wrote
-nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-horovod", "parity"]
+nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-mxnet", "tests-horovod", "parity"]
 
 
 def _env() -> dict[str, str]:
@@ -61,6 +61,15 @@ def tests_tensorflow(session: nox.Session) -> None:
     session.install("--no-build-isolation", "-r", "requirements/tensorflow-plugin.txt")
     _pytest(session, "tests/tensorflow")
     _parity_dump(session, "tensorflow")
+
+
+@nox.session(name="tests-mxnet")
+def tests_mxnet(session: nox.Session) -> None:
+    """MXNet DataIter over DALI (DALI 2.x has no MXNet plugin), native ImageRecordIter, Gluon
+    training, dist_sync workers (CPU). Its own env: mxnet 1.9.1 needs numpy 1.23."""
+    _install(session, "mxnet")
+    _pytest(session, "tests/mxnet")
+    _parity_dump(session, "mxnet")
 
 
 @nox.session(name="tests-horovod")

@@ -112,6 +112,20 @@ def _dump_tensorflow(cfg: DumpConfig) -> dict[str, Batches]:
     return result
 
 
+def _dump_mxnet(cfg: DumpConfig) -> dict[str, Batches]:
+    from crossdali.mxnet import create_classification_loader  # defer: mxnet (its own env: numpy 1.23)
+
+    result = {}
+    for split in SPLITS:
+        it = create_classification_loader(cfg.data, train=split == "train", backend="dali-cpu",
+                                          batch_size=cfg.batch_size, crop_size=cfg.crop_size,
+                                          workers=cfg.workers, seed=cfg.seed)
+        n = cfg.batch_size
+        rows = ((b.data[0][: n - b.pad], b.label[0][: n - b.pad]) for b in it)  # MXNet's padded last batch
+        result[split] = _take(rows, cfg.batches, lambda a: a.asnumpy(), channels_last=False)
+    return result
+
+
 def _video_kwargs(cfg: DumpConfig) -> dict:
     """The clip pipeline settings every framework dumps with (NCFHW, CPU mode)."""
     import importlib.util
@@ -125,6 +139,7 @@ def _video_kwargs(cfg: DumpConfig) -> dict:
 DUMPERS: dict[str, Callable[[DumpConfig], dict[str, Batches]]] = {
     "pytorch": _dump_pytorch,
     "tensorflow": _dump_tensorflow,
+    "mxnet": _dump_mxnet,
 }
 
 
