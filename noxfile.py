@@ -49,7 +49,7 @@ def _parity_dump(session: nox.Session, framework: str) -> None:
 def tests_pytorch(session: nox.Session) -> None:
     """Common pipelines, PyTorch loaders and training, torchrun launches (CPU)."""
     _install(session, "pytorch")
-    _pytest(session, "tests/common", "tests/pytorch", "tests/video")
+    _pytest(session, "tests/common", "tests/pytorch", "tests/video", "tests/detection")
     _parity_dump(session, "pytorch")
 
 

@@ -14,6 +14,7 @@ from crossdali.common.sample_data.classification import (
     build_classification,
     class_names,
 )
+from crossdali.common.sample_data.detection import ensure_detection
 from crossdali.common.sample_data.video import ensure_video
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "class_names",
     "default_root",
     "ensure_classification",
+    "ensure_detection",
     "BUILDERS",
 ]
 
@@ -46,4 +48,4 @@ def ensure_classification(root: Path | None = None, size: str = "small", *,
 
 
 #: kind -> builder(root, size) -> folder. ``make-data --kind`` chooses among these.
-BUILDERS = {"classification": ensure_classification, "video": ensure_video}
+BUILDERS = {"classification": ensure_classification, "detection": ensure_detection, "video": ensure_video}

@@ -1,0 +1,290 @@
+"""SSD300 train and val pipelines over COCO-format data, defined once for every framework.
+
+train: readers.coco (ltrb boxes relative to the image, empty images skipped, global reshuffle
+       every epoch, sharded by the global rank)
+       -> zoom-out: ``paste`` on a canvas ``ratio`` times larger (ratio 1 with probability
+          1 - zoom_out_probability, else uniform in [1, max_ratio]; random position; fill = the
+          mean colour) and ``bbox_paste`` with the same ratio and position
+       -> ``random_bbox_crop`` (IoU thresholds 0/0.1/0.3/0.5/0.7/0.9, scale [0.3, 1], aspect
+          [0.5, 2], or no crop) applied to the pasted image with ``slice``; boxes whose centre
+          leaves the window are dropped, the others clipped to it
+       -> resize to 300x300 -> colour jitter (``hsv``: hue, saturation; ``brightness_contrast``)
+       -> ``crop_mirror_normalize`` whose mirror is the very coin that drove ``bb_flip``
+       -> ``box_encoder`` against SSD300's 8,732 default boxes (``crossdali.common.anchors``):
+          per anchor a (dx, dy, dw, dh) regression target and a label (0 = background).
+val:   decode -> resize 300x300 -> normalize; boxes (ltrb, relative) and labels padded to the
+       longest in the batch (label 0 = padding), and the COCO image id for evaluation.
+
+``device="gpu"`` decodes with the mixed decoder and pastes, crops, resizes and encodes on the GPU
+(box geometry, which is tiny, stays on the CPU); ``device="cpu"`` needs no GPU. Labels are DALI's
+contiguous class indices 1..C: categories in the annotation file's order (``DetectionSource.label_to_category``).
+``debug=True`` adds the random parameters and intermediate boxes (``DEBUG_OUTPUTS``) so tests can
+recompute the geometry independently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crossdali.common.anchors import BOX_CODER_STDS, ssd300_default_boxes
+from crossdali.common.classification import IMAGENET_MEAN, IMAGENET_STD, PipelineOptions
+from crossdali.common.sources import DataError
+
+__all__ = [
+    "READER_NAME",
+    "TRAIN_OUTPUTS",
+    "VAL_OUTPUTS",
+    "DEBUG_OUTPUTS",
+    "DetectionSource",
+    "DetectionTransform",
+    "resolve_detection_source",
+    "create_detection_pipeline",
+]
+
+log = logging.getLogger(__name__)
+
+#: Name of the reader operator; iterators pass it as ``reader_name=`` to size epochs.
+READER_NAME = "Reader"
+TRAIN_OUTPUTS = ("images", "boxes", "labels")
+VAL_OUTPUTS = ("images", "boxes", "labels", "image_ids")
+#: Extra train outputs with ``debug=True`` (boxes/labels padded with 0 to the batch's longest).
+DEBUG_OUTPUTS = ("raw_boxes", "raw_labels", "ratio", "paste_x", "paste_y", "crop_anchor", "crop_shape", "flip",
+                 "crop_boxes", "crop_labels")
+
+# A box may stick out of its image by this many pixels (COCO's own annotations do, by rounding).
+_BOX_TOLERANCE_PX = 1.0
+
+
+@dataclass(frozen=True)
+class DetectionSource:
+    """One split of a COCO-format dataset, validated: every image file exists, every box fits."""
+
+    root: Path
+    split: str
+    file_root: Path
+    annotations_file: Path
+    num_images: int  # images the reader yields (those with at least one non-crowd box when skip_empty)
+    num_images_total: int
+    categories: tuple[tuple[int, str], ...]  # (COCO id, name) in the file's order: label i+1 <-> categories[i]
+    image_sizes: dict[int, tuple[int, int]] = field(repr=False)  # image id -> (width, height)
+    skip_empty: bool = True
+
+    @property
+    def num_classes(self) -> int:
+        """Foreground classes; the model needs ``num_classes + 1`` outputs (0 = background)."""
+        return len(self.categories)
+
+    @property
+    def label_to_category(self) -> dict[int, int]:
+        return {i + 1: cid for i, (cid, _) in enumerate(self.categories)}
+
+
+def _find_annotations(root: Path, split: str) -> tuple[Path, Path]:
+    """COCO layouts: ``annotations/instances_{split}[2017].json`` beside ``{split}[2017]/``."""
+    tried = []
+    for suffix in ("", "2017", "2014"):
+        ann = root / "annotations" / f"instances_{split}{suffix}.json"
+        images = root / f"{split}{suffix}"
+        tried.append(str(ann))
+        if ann.is_file():
+            return ann, images
+    raise DataError(f"no COCO annotation file for split {split!r} under {root}: looked for {', '.join(tried)}. "
+                    f"Point --data at a folder holding annotations/instances_{split}.json and {split}/, or build "
+                    "the sample set: python -m crossdali.common.sample_data --kind detection")
+
+
+def resolve_detection_source(data: str | Path, split: str, *, annotations_file: str | Path | None = None,
+                             file_root: str | Path | None = None, skip_empty: bool | None = None) -> DetectionSource:
+    """Find and validate one split of a COCO-format dataset up front.
+
+    DALI's COCO reader fails late and vaguely on a bad entry (or silently drops it); this reads
+    the JSON once and raises ``DataError`` naming the entry and the fix for: a missing or
+    malformed annotation file, missing keys, an image id without a file, a box outside its
+    image, an annotation whose image or category does not exist. ``skip_empty`` defaults to
+    True for train (SSD cannot learn from an image without boxes) and False for val.
+    """
+    root = Path(data)
+    if annotations_file is None:
+        if not root.is_dir():
+            raise DataError(f"--data {root} is not a folder; pass a COCO-format dataset folder")
+        ann_path, images_dir = _find_annotations(root, split)
+    else:
+        ann_path, images_dir = Path(annotations_file), root / split
+        if not ann_path.is_file():
+            raise DataError(f"annotation file {ann_path} does not exist; check the path")
+    images_dir = Path(file_root) if file_root is not None else images_dir
+    if not images_dir.is_dir():
+        raise DataError(f"image folder {images_dir} for {ann_path} does not exist; pass file_root=")
+    skip_empty = split == "train" if skip_empty is None else skip_empty
+    try:
+        coco = json.loads(ann_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"annotation file {ann_path} is not valid JSON ({e}); re-export it in COCO format") from e
+    if not isinstance(coco, dict) or not all(isinstance(coco.get(k), list) for k in ("images", "annotations", "categories")):
+        raise DataError(f"annotation file {ann_path} is not COCO format: it needs lists 'images', 'annotations' "
+                        "and 'categories' at the top level")
+
+    def bad(what: str, entry: dict, fix: str) -> DataError:
+        return DataError(f"{ann_path}: {what} in {json.dumps(entry)[:200]}; {fix}")
+
+    categories = {}
+    for c in coco["categories"]:
+        if not isinstance(c, dict) or not isinstance(c.get("id"), int):
+            raise bad("category without an integer 'id'", c, "give every category an integer id")
+        categories[c["id"]] = str(c.get("name", c["id"]))
+    if not categories:
+        raise DataError(f"{ann_path} lists no categories; a detector needs at least one")
+    sizes: dict[int, tuple[int, int]] = {}
+    names: dict[int, str] = {}
+    for im in coco["images"]:
+        if not isinstance(im, dict) or not all(k in im for k in ("id", "file_name", "width", "height")):
+            raise bad("image entry without id/file_name/width/height", im, "add the missing keys")
+        if im["id"] in sizes:
+            raise bad(f"duplicate image id {im['id']}", im, "image ids must be unique")
+        if not (images_dir / im["file_name"]).is_file():
+            raise bad(f"image id {im['id']} has no file {images_dir / im['file_name']}", im,
+                      "add the file or remove the image and its annotations from the JSON")
+        sizes[im["id"]] = (int(im["width"]), int(im["height"]))
+        names[im["id"]] = im["file_name"]
+    with_boxes = set()
+    tol = _BOX_TOLERANCE_PX
+    for a in coco["annotations"]:
+        if not isinstance(a, dict) or "image_id" not in a or "bbox" not in a or "category_id" not in a:
+            raise bad("annotation without image_id/category_id/bbox", a, "add the missing keys")
+        if a["image_id"] not in sizes:
+            raise bad(f"annotation for image id {a['image_id']}, which is not in 'images'", a,
+                      "add the image entry or remove the annotation")
+        if a["category_id"] not in categories:
+            raise bad(f"annotation with category id {a['category_id']}, which is not in 'categories'", a,
+                      "add the category or fix the id")
+        box = a["bbox"]
+        if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, int | float) for v in box)):
+            raise bad("bbox is not [x, y, width, height]", a, "write boxes as four numbers in pixels")
+        x, y, w, h = box
+        width, height = sizes[a["image_id"]]
+        if w < 0 or h < 0 or x < -tol or y < -tol or x + w > width + tol or y + h > height + tol:
+            raise bad(f"box {box} lies outside its image {names[a['image_id']]} ({width}x{height})", a,
+                      "clip the box to the image or fix the image's width/height")
+        if not a.get("iscrowd", 0):
+            with_boxes.add(a["image_id"])
+    num = len(with_boxes) if skip_empty else len(sizes)
+    if num == 0:
+        raise DataError(f"{ann_path} has no image with a (non-crowd) box; nothing to train on")
+    return DetectionSource(root=root, split=split, file_root=images_dir, annotations_file=ann_path, num_images=num,
+                           num_images_total=len(sizes), categories=tuple(categories.items()),
+                           image_sizes=sizes, skip_empty=skip_empty)
+
+
+@dataclass(frozen=True)
+class DetectionTransform:
+    """SSD300's augmentation ranges (those of the SSD paper and torchvision's detection reference)."""
+
+    size: int = 300
+    zoom_out_probability: float = 0.5
+    max_zoom_out: float = 4.0
+    iou_thresholds: tuple[float, ...] = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
+    crop_scaling: tuple[float, float] = (0.3, 1.0)
+    crop_aspect_ratio: tuple[float, float] = (0.5, 2.0)
+    hue_degrees: float = 18.0  # torchvision ColorJitter(hue=0.05) = 0.05 * 360 degrees
+    saturation: tuple[float, float] = (0.5, 1.5)
+    brightness: tuple[float, float] = (0.875, 1.125)
+    contrast: tuple[float, float] = (0.5, 1.5)
+    flip_probability: float = 0.5
+    match_iou: float = 0.5
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"size must be positive, got {self.size}")
+        if self.max_zoom_out < 1:
+            raise ValueError(f"max_zoom_out must be >= 1, got {self.max_zoom_out}")
+        for name in ("zoom_out_probability", "flip_probability", "match_iou"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+
+    @property
+    def fill(self) -> list[int]:
+        return [round(m) for m in self.mean]
+
+
+def _padded(x, fill):
+    """Pad a per-sample list (boxes (n, 4), labels (n,)) to the longest in the batch."""
+    from nvidia.dali import fn
+
+    return fn.pad(x, fill_value=fill, axes=(0,))
+
+
+def create_detection_pipeline(source: DetectionSource, *, train: bool, options: PipelineOptions,
+                              transform: DetectionTransform | None = None, debug: bool = False):
+    """Build (but do not start) the SSD train or val pipeline over ``source``.
+
+    Outputs are ``TRAIN_OUTPUTS`` / ``VAL_OUTPUTS`` (+ ``DEBUG_OUTPUTS`` with ``debug``, train only).
+    """
+    from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
+
+    t = transform or DetectionTransform()
+    opts = options
+    gpu = opts.device == "gpu"
+    anchors = ssd300_default_boxes().ltrb().reshape(-1).tolist() if t.size == 300 else None
+    if anchors is None:
+        raise ValueError(f"SSD300's default boxes are defined for size 300, got {t.size}")
+
+    @pipeline_def(batch_size=opts.batch_size, num_threads=opts.num_threads, device_id=opts.pipeline_device_id,
+                  seed=opts.seed + 1_000_003 * opts.shard_id, prefetch_queue_depth=opts.prefetch_queue_depth)
+    def detection_pipeline():
+        outs = fn.readers.coco(
+            file_root=str(source.file_root), annotations_file=str(source.annotations_file), ltrb=True, ratio=True,
+            skip_empty=source.skip_empty, include_iscrowd=False, image_ids=not train, shuffle_after_epoch=train,
+            shard_id=opts.shard_id, num_shards=opts.num_shards, pad_last_batch=True, seed=opts.seed,
+            name=READER_NAME)
+        jpegs, boxes, labels = outs[0], outs[1], outs[2]
+        decoder = dict(device="mixed" if gpu else "cpu", output_type=types.RGB)
+        if gpu:
+            decoder["hw_decoder_load"] = opts.hw_decoder_load
+        images = fn.decoders.image(jpegs, **decoder)
+        if not train:
+            images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)
+            images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                              mean=list(t.mean), std=list(t.std))
+            image_ids = fn.cast(outs[3], dtype=types.INT64)
+            return images, _padded(boxes, 0.0), fn.cast(_padded(labels, 0), dtype=types.INT64), image_ids
+        raw_boxes, raw_labels = boxes, labels
+        # zoom-out: the same ratio and position drive the image paste and the box paste
+        zoom = fn.random.coin_flip(probability=t.zoom_out_probability)
+        ratio = 1.0 + fn.cast(zoom, dtype=types.FLOAT) * (fn.random.uniform(range=[1.0, t.max_zoom_out]) - 1.0)
+        paste_x = fn.random.uniform(range=[0.0, 1.0])
+        paste_y = fn.random.uniform(range=[0.0, 1.0])
+        images = fn.paste(images, ratio=ratio, paste_x=paste_x, paste_y=paste_y, fill_value=t.fill)
+        boxes = fn.bbox_paste(boxes, ratio=ratio, paste_x=paste_x, paste_y=paste_y, ltrb=True)
+        # prospective IoU crop: boxes whose centre leaves the window are dropped, others clipped
+        anchor, shape, boxes, labels = fn.random_bbox_crop(
+            boxes, labels, thresholds=list(t.iou_thresholds), scaling=list(t.crop_scaling),
+            aspect_ratio=list(t.crop_aspect_ratio), bbox_layout="xyXY", allow_no_crop=True, num_attempts=50)
+        images = fn.slice(images, anchor, shape, axis_names="WH", normalized_anchor=True, normalized_shape=True,
+                          out_of_bounds_policy="trim_to_shape")
+        images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)
+        flip = fn.random.coin_flip(probability=t.flip_probability)
+        boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
+        crop_boxes, crop_labels = boxes, labels
+        images = fn.hsv(images, hue=fn.random.uniform(range=[-t.hue_degrees, t.hue_degrees]),
+                        saturation=fn.random.uniform(range=list(t.saturation)))
+        images = fn.brightness_contrast(images, brightness=fn.random.uniform(range=list(t.brightness)),
+                                        contrast=fn.random.uniform(range=list(t.contrast)))
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=list(t.mean),
+                                          std=list(t.std), mirror=flip)
+        if gpu:
+            boxes, labels = boxes.gpu(), labels.gpu()
+        boxes, labels = fn.box_encoder(boxes, labels, criteria=t.match_iou, anchors=anchors, offset=True,
+                                       stds=list(BOX_CODER_STDS), scale=1.0)
+        outputs = (images, boxes, fn.cast(labels, dtype=types.INT64))
+        if debug:
+            outputs += (_padded(raw_boxes, 0.0), _padded(raw_labels, 0), ratio, paste_x, paste_y, anchor, shape,
+                        flip, _padded(crop_boxes, 0.0), _padded(crop_labels, 0))
+        return outputs
+
+    return detection_pipeline()
+
