@@ -17,9 +17,12 @@ here: it needs TF_CONFIG and a distributed input pipeline, see docs/tensorflow.m
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -56,8 +59,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--crop-size", type=int, default=224)
     parser.add_argument("--hw-decoder-load", type=float, default=1.0, help="share of JPEGs for the hardware decoder (dali-gpu)")
     parser.add_argument("--amp", action="store_true", help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU")
-    parser.add_argument("--engine", default="auto", choices=["auto", "horovod", "none"],
-                        help="gradient averaging; auto: horovod when launched with several processes")
+    parser.add_argument("--engine", default="auto", choices=["auto", "horovod", "tf-distribute", "none"],
+                        help="gradient averaging; auto: horovod when a launcher started several processes, "
+                             "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set")
     parser.add_argument("--resume", type=Path, default=None, help="checkpoint (prefix or folder) to resume from")
     parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and metrics.jsonl go here")
     parser.add_argument("--seed", type=int, default=0)
@@ -67,10 +71,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 class Runtime:
-    """Rank, world size and gradient averaging: Horovod or a single process."""
+    """Rank, world size and gradient averaging: Horovod, tf.distribute (TF_CONFIG) or one process."""
 
     def __init__(self, dist: DistInfo, engine: str) -> None:
-        self.dist, self.engine, self.hvd = dist, engine, None
+        self.dist, self.engine, self.hvd, self.strategy = dist, engine, None, None
         if engine == "horovod":
             try:
                 import horovod.tensorflow as hvd  # defer: optional, built separately
@@ -81,18 +85,58 @@ class Runtime:
             self.hvd = hvd
             self.dist = DistInfo(rank=hvd.rank(), world_size=hvd.size(), local_rank=hvd.local_rank(),
                                  launcher=dist.launcher)
+        elif engine == "tf-distribute":
+            # one replica per worker process; TF_CONFIG names the workers and this one's index
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+            self.dist = dist_from_tf_config(os.environ.get("TF_CONFIG", ""), local_rank=dist.local_rank)
+            strategy = self.strategy
+
+            @tf.function  # collectives run eagerly are slow (TF warns on every call)
+            def strategy_sum(values):
+                per_replica = strategy.run(tf.identity, args=(values,))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+            self._strategy_sum = strategy_sum
+
+    def scope(self):
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
-        if self.hvd is None:
+        if self.hvd is not None:
+            out = self.hvd.allreduce(tf.constant(values, tf.float64), op=self.hvd.Sum)
+        elif self.strategy is not None:
+            out = self._strategy_sum(tf.constant(values, tf.float64))
+        else:
             return values
-        out = self.hvd.allreduce(tf.constant(values, tf.float64), op=self.hvd.Sum)
         return [float(v) for v in out.numpy()]
+
+
+def dist_from_tf_config(tf_config: str, *, local_rank: int = 0) -> DistInfo:
+    """Rank and world size of a ``tf.distribute`` worker from its ``TF_CONFIG``."""
+    try:
+        cfg = json.loads(tf_config)
+        workers, task = cfg["cluster"]["worker"], cfg["task"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--engine tf-distribute needs TF_CONFIG like '{{\"cluster\": {{\"worker\": [\"host1:port\", "
+                         f"\"host2:port\"]}}, \"task\": {{\"type\": \"worker\", \"index\": 0}}}}', got {tf_config!r}") from None
+    if task.get("type") != "worker" or set(cfg["cluster"]) != {"worker"}:
+        raise ValueError(f"TF_CONFIG must list only 'worker' tasks (no chief/ps) for this script, got {tf_config!r}")
+    return DistInfo(rank=int(task["index"]), world_size=len(workers), local_rank=local_rank, launcher="tf_config")
 
 
 def init_runtime(engine: str) -> Runtime:
     dist = detect_distributed()
     if engine == "auto":
-        engine = "horovod" if dist.is_distributed else "none"
+        if os.environ.get("TF_CONFIG") and not dist.is_distributed:
+            engine = "tf-distribute"
+        elif dist.is_distributed:
+            if dist.launcher == "torchrun":
+                raise RuntimeError("TensorFlow training under torchrun: torchrun starts the processes but TF has no "
+                                   "process group for them; launch with horovodrun (or mpirun/srun with Horovod), "
+                                   "or set TF_CONFIG per worker and pass --engine tf-distribute")
+            engine = "horovod"
+        else:
+            engine = "none"
     if engine == "none" and dist.is_distributed:
         raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes but --engine none averages no "
                            "gradients; use --engine horovod (pip install horovod with TensorFlow)")
@@ -135,25 +179,34 @@ def lr_at(step: int, *, base_lr: float, warmup: int, total: int) -> float:
 
 
 def make_train_step(model, optimizer, loss_fn, runtime: Runtime):
-    hvd = runtime.hvd
+    hvd, strategy = runtime.hvd, runtime.strategy
+    replicas = strategy.num_replicas_in_sync if strategy is not None else 1
 
-    @tf.function(reduce_retracing=True)
-    def train_step(images, labels):
+    def step(images, labels):
         with tf.GradientTape() as tape:
             logits = model(images, training=True)
             loss = loss_fn(labels, logits)
-            scaled = optimizer.scale_loss(loss)
+            # tf.distribute sums gradients over replicas: scale so the sum is the mean
+            scaled = optimizer.scale_loss(loss / replicas)
         if hvd is not None:
             tape = hvd.DistributedGradientTape(tape)
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
         return loss
 
-    return train_step
+    if strategy is None:
+        return tf.function(step, reduce_retracing=True)
+
+    @tf.function(reduce_retracing=True)
+    def distributed_step(images, labels):  # each worker feeds its own shard to its one replica
+        per_replica = strategy.run(step, args=(images, labels))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    return distributed_step
 
 
 def train_one_epoch(train_step, optimizer, loader, *, epoch: int, step0: int, schedule, runtime: Runtime,
-                    print_freq: int, broadcast: bool, model) -> dict[str, float]:
+                    print_freq: int) -> dict[str, float]:
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     start = last = time.perf_counter()
     it = iter(loader)
@@ -167,16 +220,13 @@ def train_one_epoch(train_step, optimizer, loader, *, epoch: int, step0: int, sc
         data_wait += time.perf_counter() - t0
         optimizer.learning_rate.assign(schedule(step0 + step))
         loss = train_step(images, labels)
-        if broadcast and step == 0 and runtime.hvd is not None:  # after the first step creates the slots
-            runtime.hvd.broadcast_variables(model.variables, root_rank=0)
-            runtime.hvd.broadcast_variables(optimizer.variables, root_rank=0)
         n = int(images.shape[0])
         loss_sum += float(loss) * n
         seen += n
         if print_freq and (step + 1) % print_freq == 0:
             now = time.perf_counter()
             log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
-                     steps, float(loss), float(optimizer.learning_rate), print_freq * n * runtime.dist.world_size /
+                     steps, float(loss), schedule(step0 + step), print_freq * n * runtime.dist.world_size /
                      (now - last), data_wait)
             last = now
     elapsed = time.perf_counter() - start
@@ -243,7 +293,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     runtime = init_runtime(args.engine)
     logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # absl INFO lines per epoch are noise
+    for noisy in ("tensorflow", "absl"):  # their INFO lines per epoch are noise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     tf.keras.utils.set_random_seed(args.seed)
     backend = _choose_backend(args.data_backend)
     on_gpu = bool(tf.config.list_physical_devices("GPU"))
@@ -253,7 +304,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
              runtime.dist.launcher, runtime.engine, "GPU" if on_gpu else "CPU")
     train_loader, val_loader, num_classes = load_data(args, runtime, backend)
 
-    model = create_model(args.arch, num_classes=num_classes, crop_size=args.crop_size)
+    with runtime.scope():  # tf.distribute: variables mirrored (and synchronised from worker 0)
+        model = create_model(args.arch, num_classes=num_classes, crop_size=args.crop_size)
     global_batch = args.batch_size * runtime.dist.world_size
     base_lr = args.lr * global_batch / 256
     steps_per_epoch = max(1, train_loader.steps_per_epoch)
@@ -263,11 +315,12 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     def schedule(step: int) -> float:
         return lr_at(step, base_lr=base_lr, warmup=warmup, total=total)
 
-    optimizer = tf.keras.optimizers.SGD(learning_rate=schedule(0), momentum=args.momentum,
-                                        weight_decay=args.weight_decay or None)
-    if args.amp and on_gpu:
-        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
-    optimizer.build(model.trainable_variables)
+    with runtime.scope():
+        optimizer = tf.keras.optimizers.SGD(learning_rate=schedule(0), momentum=args.momentum,
+                                            weight_decay=args.weight_decay or None)
+        if args.amp and on_gpu:
+            optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True) \
         if not args.label_smoothing else _smoothed_loss(num_classes, args.label_smoothing)
 
@@ -282,8 +335,14 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         ckpt.restore(path).assert_existing_objects_matched()
         start_epoch = int(epoch_var.numpy())
         log.info("resumed from %s at epoch %d", path, start_epoch + 1)
-    manager = tf.train.CheckpointManager(ckpt, str(args.output_dir), max_to_keep=2) \
-        if args.output_dir is not None and runtime.dist.is_main else None
+    if runtime.hvd is not None:  # every rank starts from rank 0's weights (fresh or resumed)
+        runtime.hvd.broadcast_variables(model.variables + list(optimizer.variables), root_rank=0)
+    manager = None
+    if args.output_dir is not None and (runtime.dist.is_main or runtime.strategy is not None):
+        # tf.distribute: every worker takes part in saving (reads may be collective); only
+        # worker 0 keeps its files
+        where = args.output_dir if runtime.dist.is_main else args.output_dir / f".worker-{runtime.dist.rank}"
+        manager = tf.train.CheckpointManager(ckpt, str(where), max_to_keep=2)
 
     metrics = MetricsWriter(args.output_dir, enabled=runtime.dist.is_main)
     metrics.write(event="start", framework="tensorflow", arch=args.arch, backend=backend,
@@ -301,17 +360,32 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     stats: dict[str, float] = {}
     for epoch in range(start_epoch, args.epochs):
         stats = train_one_epoch(train_step, optimizer, train_loader, epoch=epoch, step0=epoch * steps_per_epoch,
-                                schedule=schedule, runtime=runtime, print_freq=args.print_freq,
-                                broadcast=epoch == start_epoch, model=model)
+                                schedule=schedule, runtime=runtime, print_freq=args.print_freq)
         stats |= evaluate(eval_step, val_loader, runtime=runtime)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
         log.info(format_epoch_line(epoch, args.epochs, stats))
-        metrics.write(event="epoch", epoch=epoch + 1, lr=float(optimizer.learning_rate), **stats)
+        metrics.write(event="epoch", epoch=epoch + 1, lr=schedule((epoch + 1) * steps_per_epoch - 1), **stats)
         epoch_var.assign(epoch + 1)
         if manager is not None:
             manager.save(checkpoint_number=epoch + 1)
+            if not runtime.dist.is_main:
+                shutil.rmtree(manager.directory, ignore_errors=True)
+    if runtime.dist.is_distributed:
+        stats["replicas_in_sync"] = replicas_in_sync(model, runtime)
+        metrics.write(event="end", replicas_in_sync=stats["replicas_in_sync"])
+        if not stats["replicas_in_sync"]:
+            log.warning("the workers' weights differ after training: gradients were not averaged")
     return stats
+
+
+def replicas_in_sync(model, runtime: Runtime) -> bool:
+    """True if every worker holds the same weights (checksums equal: their variance is ~0)."""
+    digest = float(sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in model.trainable_variables))
+    n = runtime.dist.world_size
+    total, squares = runtime.all_reduce_sum([digest, digest * digest])
+    spread = max(0.0, squares / n - (total / n) ** 2) ** 0.5
+    return spread <= 1e-5 * max(1.0, abs(total / n))
 
 
 def _smoothed_loss(num_classes: int, smoothing: float):
