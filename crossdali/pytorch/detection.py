@@ -117,7 +117,7 @@ class NativeDetectionDataset(torch.utils.data.Dataset):
                 v2.RandomHorizontalFlip(t.flip_probability),
                 v2.ColorJitter(brightness=t.brightness[1] - 1, contrast=t.contrast[1] - 1,
                                saturation=t.saturation[1] - 1, hue=t.hue_degrees / 360),
-                v2.SanitizeBoundingBoxes(min_size=0.1),
+                v2.SanitizeBoundingBoxes(),  # drops boxes under 1 px (DALI keeps >= 0.1 px)
                 *normalize,
             ])
         else:

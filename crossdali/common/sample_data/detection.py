@@ -77,7 +77,7 @@ class DetectionSampleConfig:
 DETECTION_SIZES: dict[str, DetectionSampleConfig] = {
     "tiny": DetectionSampleConfig(train_images=96, val_images=24, min_side=192, max_side=256),
     "small": DetectionSampleConfig(),
-    "bench": DetectionSampleConfig(train_images=4096, val_images=64, min_side=480, max_side=640, quality=(85, 92)),
+    "bench": DetectionSampleConfig(train_images=4096, val_images=64, min_side=480, max_side=640, quality=(78, 88)),
 }
 
 

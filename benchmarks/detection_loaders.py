@@ -1,0 +1,201 @@
+"""SSD300 training input pipeline, images/s: DALI GPU vs DALI CPU vs the torchvision v2 DataLoader.
+
+    python -m benchmarks.detection_loaders --out results/          # on the GPU machine (about 3 min)
+    python -m benchmarks.detection_loaders --out /tmp/b --smoke    # check the script on a CPU machine
+
+The same COCO-format JPEGs for every loader (the ``bench`` detection sample set: 4,096 train
+images of about 70 KB, built here from scikit-image's photos; no pycocotools needed). The
+transform is crossdali's SSD300 train transform: zoom-out paste (+ box paste), IoU crop, resize
+300, flip (+ box flip), colour jitter, normalize, and the 8,732-anchor box encoding; batch 64;
+15 threads / workers. Batches are moved to the GPU. Each loader warms up for a few batches (worker
+start, allocator), then is timed for ``--seconds`` of steady state. Every loader runs in a
+try-block and the JSON is rewritten after each one, so a failure or a time-out leaves the
+results so far. Writes ``detection_loaders.json`` and ``detection_loaders.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from crossdali.common.detection import resolve_detection_source
+from crossdali.common.sample_data.detection import ensure_detection
+from crossdali.pytorch.detection import create_detection_loader
+
+NATIVE = "torchvision v2 DataLoader (native)"
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON and PNG")
+    parser.add_argument("--data-root", type=Path, default=None, help="where to build the sample set (default: --out/data)")
+    parser.add_argument("--size", default="bench", help="detection sample set size (bench: 4,096 train JPEGs)")
+    parser.add_argument("-b", "--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=15, help="DALI threads / DataLoader workers")
+    parser.add_argument("--seconds", type=float, default=20.0, help="timed steady state per loader")
+    parser.add_argument("--warmup-batches", type=int, default=5)
+    parser.add_argument("--hw-loads", default="1.0,0", help="hw_decoder_load values for DALI GPU")
+    parser.add_argument("--budget-s", type=float, default=220.0, help="skip loaders once this much time has passed")
+    parser.add_argument("--smoke", action="store_true", help="CPU-only check: tiny set, 2 workers, short timing")
+    return parser
+
+
+def _measure(loader, device: torch.device, *, seconds: float, warmup: int) -> dict:
+    """Warm up, then count images for ``seconds`` (at least 3 batches), crossing epochs if needed."""
+    def batches():
+        while True:
+            yield from loader
+
+    it = batches()
+    for _ in range(warmup):
+        next(it)
+    _sync(device)
+    n, steps, start = 0, 0, time.perf_counter()
+    while steps < 3 or time.perf_counter() - start < seconds:
+        images, offsets, labels = next(it)
+        images = images.to(device, non_blocking=True)
+        offsets = offsets.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        n, steps = n + images.shape[0], steps + 1
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    assert images.shape[1:] == (3, 300, 300) and offsets.shape[1:] == (8732, 4), (images.shape, offsets.shape)
+    return {"images": n, "batches": steps, "seconds": elapsed, "img_s": n / elapsed,
+            "positive_anchors_per_image": float((labels > 0).sum()) / images.shape[0]}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plot(report: dict, png: Path) -> None:
+    """Horizontal bars with matplotlib, or OpenCV where matplotlib is not installed."""
+    rows = [r for r in report["loader"] if "img_s" in r]
+    if not rows:
+        return
+    names, values = [r["name"] for r in rows], [r["img_s"] for r in rows]
+    title = (f"SSD300 train input pipeline, batch {report['batch_size']}, {report['workers']} threads/workers\n"
+             f"{report['device']}, {report['cpu_count']} cores, {report['dataset']['images']:,} JPEGs "
+             f"of {report['dataset']['mean_kib']:.0f} KiB")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _plot_cv2(names, values, title, png)
+        return
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(rows)))
+    colors = ["#76b900" if r["backend"] == "dali-gpu" else "#5a7d9a" if r["backend"] == "dali-cpu" else "#999999"
+              for r in rows]
+    bars = ax.barh(names, values, color=colors)
+    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(min(values) / 2, max(values) * 4)
+    ax.set_xlabel("images/s (log scale, higher is better)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def _plot_cv2(names: list[str], values: list[float], title: str, png: Path) -> None:
+    import cv2
+    import numpy as np
+
+    w, row, left = 1000, 50, 330
+    img = np.full((90 + row * len(names), w, 3), 255, np.uint8)
+    for k, line in enumerate(title.splitlines()):
+        cv2.putText(img, line, (10, 25 + 22 * k), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    top = max(values)
+    for i, (name, v) in enumerate(zip(names, values)):
+        y = 70 + row * i
+        length = int((w - left - 120) * v / top)
+        cv2.rectangle(img, (left, y), (left + max(1, length), y + row - 15), (0, 185, 118), -1)
+        cv2.putText(img, name[:40], (10, y + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
+        cv2.putText(img, f"{v:,.0f} img/s", (left + length + 8, y + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1,
+                    cv2.LINE_AA)
+    cv2.imwrite(str(png), img)
+
+
+def main(args: argparse.Namespace) -> dict:
+    t_start = time.perf_counter()
+    if args.smoke:
+        args.size, args.workers, args.seconds, args.warmup_batches, args.batch_size = "tiny", 2, 2.0, 1, 16
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    args.out.mkdir(parents=True, exist_ok=True)
+    root = ensure_detection(args.data_root if args.data_root is not None else args.out / "data", args.size)
+    source = resolve_detection_source(root, "train")
+    files = sorted(source.file_root.glob("*.jpg"))
+    mean_kib = sum(f.stat().st_size for f in files) / max(1, len(files)) / 1024
+    print(f"data: {source.num_images} JPEGs, mean {mean_kib:.0f} KiB (built/checked in "
+          f"{time.perf_counter() - t_start:.0f} s)", flush=True)
+
+    configs = [(f"DALI GPU hw_decoder_load={float(h):g}", dict(backend="dali-gpu", hw_decoder_load=float(h)))
+               for h in args.hw_loads.split(",") if h and cuda]
+    configs += [("DALI CPU", dict(backend="dali-cpu")), (NATIVE, dict(backend="native"))]
+    report = {
+        "benchmark": "detection_loaders",
+        "command": "python -m benchmarks.detection_loaders --out results/",
+        "device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "dali": __import__("nvidia.dali").dali.__version__,
+        "dataset": {"images": source.num_images, "mean_kib": mean_kib, "size": args.size},
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "seconds_per_loader": args.seconds,
+        "transform": "zoom-out paste + bbox paste, IoU crop, resize 300, flip + bbox flip, hsv + brightness/contrast, "
+                     "normalize, 8732-anchor box encoding; batches moved to the GPU",
+        "loader": [],
+    }
+    json_path, png_path = args.out / "detection_loaders.json", args.out / "detection_loaders.png"
+    for name, cfg in configs:
+        if time.perf_counter() - t_start > args.budget_s:
+            report["loader"].append({"name": name, "backend": cfg["backend"], "skipped": "time budget spent"})
+            print(f"{name:40s} skipped (time budget)", flush=True)
+            continue
+        row = {"name": name, "backend": cfg["backend"], "hw_decoder_load": cfg.get("hw_decoder_load")}
+        try:
+            loader = create_detection_loader(source, train=True, batch_size=args.batch_size, workers=args.workers,
+                                              device_id=0, **cfg)
+            row |= _measure(loader, device, seconds=args.seconds, warmup=args.warmup_batches)
+            print(f"{name:40s} {row['img_s']:9,.0f} img/s", flush=True)
+            del loader
+        except Exception as e:  # noqa: BLE001 - a benchmark run is unattended: record and go on
+            row["error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        report["loader"].append(row)
+        _finish(report, json_path)
+    _finish(report, json_path)
+    try:
+        plot(report, png_path)
+        print(f"wrote {json_path} and {png_path}")
+    except Exception:  # noqa: BLE001 - the JSON is what matters
+        traceback.print_exc()
+    return report
+
+
+def _finish(report: dict, path: Path) -> None:
+    by_name = {r["name"]: r["img_s"] for r in report["loader"] if "img_s" in r}
+    if NATIVE in by_name:
+        report["speedup_vs_native"] = {k: v / by_name[NATIVE] for k, v in by_name.items()}
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
