@@ -44,7 +44,7 @@ from crossdali.common.classification import (
 )
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy, choose_last_batch_policy, log_epoch_plan
-from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
+from crossdali.common.sources import DataError, DataSource, explain_decode_failure, find_undecodable, resolve_source
 
 __all__ = [
     "BACKENDS",
@@ -237,11 +237,21 @@ class TFClassificationLoader:
             except StopIteration:
                 return  # a finite stream (native val) ends with its epoch; restart next time
             except tf.errors.OpError as e:
-                if self.source is not None:
-                    raise explain_decode_failure(self.source, e) from e
-                raise
+                raise self._explain(e) from e
         if not isinstance(self._steps, EpochPlan) and self._stream is self.dataset and self._finite():
             self._it = None
+
+    def _explain(self, error: Exception) -> Exception:
+        """A decoder failure as a ``DataError`` naming the file (neither DALI nor TF names it)."""
+        if self.source is None:
+            return error
+        explained = explain_decode_failure(self.source, error)
+        if explained is error and self.source.files and "jpeg" in str(error).lower():  # tf.io.decode_jpeg
+            found = find_undecodable(self.source.files)
+            if found is not None:
+                path, reason = found
+                return DataError(f"{path} cannot be decoded ({reason}); re-encode or remove it")
+        return explained
 
     def _finite(self) -> bool:
         return self.dataset.cardinality() != tf.data.INFINITE_CARDINALITY

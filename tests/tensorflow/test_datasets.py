@@ -141,6 +141,18 @@ def test_missing_tfrecord_index_is_a_clear_error(tiny_classification, tmp_path):
         create_classification_loader(tmp_path / "tfrecord", train=False, batch_size=8, crop_size=32)
 
 
+@pytest.mark.parametrize("backend", ["dali-cpu", "native"])
+def test_corrupt_jpeg_is_named(tiny_classification, tmp_path, backend):
+    """A JPEG cut short after its header passes the header check and fails in the decoder; the
+    error must name the file (neither DALI's nor TensorFlow's decoder error does)."""
+    shutil.copytree(tiny_classification / "imagefolder" / "val", tmp_path / "val")
+    bad = tmp_path / "val" / "brick" / "0002.jpg"
+    bad.write_bytes(bad.read_bytes()[:200] + bytes(50))
+    loader = create_classification_loader(tmp_path, train=False, backend=backend, batch_size=8, crop_size=32, workers=1)
+    with pytest.raises(DataError, match=r"brick/0002\.jpg cannot be decoded"):
+        list(loader)
+
+
 def test_declared_shape_mismatch_is_a_clear_error(tiny_classification):
     src = resolve_source(tiny_classification / "imagefolder", "val")
     pipe = create_classification_pipeline(src, train=False, options=PipelineOptions(batch_size=8, num_threads=1),
