@@ -20,9 +20,9 @@ def to_coco_results(source: DetectionSource, image_ids, detections) -> list[dict
     for image_id, (boxes, scores, labels) in zip(image_ids, detections):
         image_id = int(image_id)
         w, h = source.image_sizes[image_id]
-        for (l, t, r, b), s, c in zip(boxes.tolist(), scores.tolist(), labels.tolist()):
+        for (x0, y0, x1, y1), s, c in zip(boxes.tolist(), scores.tolist(), labels.tolist()):
             records.append({"image_id": image_id, "category_id": to_cat[int(c)],
-                            "bbox": [l * w, t * h, (r - l) * w, (b - t) * h], "score": float(s)})
+                            "bbox": [x0 * w, y0 * h, (x1 - x0) * w, (y1 - y0) * h], "score": float(s)})
     return records
 
 

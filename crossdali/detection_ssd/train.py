@@ -81,7 +81,7 @@ def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, epoch: in
         if print_freq and (step + 1) % print_freq == 0:
             now = time.perf_counter()
             log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
-                     len(loader), float(loss), scheduler.get_last_lr()[0],
+                     len(loader), loss.item(), scheduler.get_last_lr()[0],
                      print_freq * n * runtime.dist.world_size / (now - last), data_wait)
             last = now
         batch_end = time.perf_counter()

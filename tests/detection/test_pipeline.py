@@ -40,21 +40,7 @@ def test_default_boxes():
     np.testing.assert_allclose(xywh[38 * 38 * 4 - 1, :2], [(37.5) / 37.5, (37.5) / 37.5], rtol=1e-5)
 
 
-def _expected_crop_boxes(raw, ratio, px, py, anchor, shape, flip):
-    """The train pipeline's box geometry, written independently: paste, centre-in-window crop, flip."""
-    b = raw.astype(np.float64)
-    b = b / ratio + np.array([px, py, px, py]) * (1 - 1 / ratio)  # zoom-out: canvas = ratio x image
-    centre = (b[:, :2] + b[:, 2:]) / 2
-    lo, hi = anchor, anchor + shape
-    keep = np.all((centre >= lo) & (centre <= hi), axis=1)
-    b = b[keep]
-    b = (np.clip(b, np.tile(lo, 2), np.tile(hi, 2)) - np.tile(lo, 2)) / np.tile(shape, 2)
-    if flip:
-        b = np.stack([1 - b[:, 2], b[:, 1], 1 - b[:, 0], b[:, 3]], axis=1)
-    return b, keep
-
-
-def test_train_geometry_matches_numpy(detection_root):
+def test_train_geometry_matches_numpy(detection_root, expected_crop_boxes):
     src = resolve_detection_source(detection_root, "train")
     pipe = create_detection_pipeline(src, train=True, options=PipelineOptions(batch_size=16, num_threads=2, seed=3),
                                      debug=True)
@@ -69,7 +55,7 @@ def test_train_geometry_matches_numpy(detection_root):
             ratio, px, py = float(batch["ratio"][i]), float(batch["paste_x"][i]), float(batch["paste_y"][i])
             anchor, shape, flip = batch["crop_anchor"][i], batch["crop_shape"][i], int(batch["flip"][i])
             assert 1.0 <= ratio <= 4.0 and 0 <= px <= 1 and 0 <= py <= 1
-            expected, keep = _expected_crop_boxes(raw, ratio, px, py, anchor, shape, flip)
+            expected, keep = expected_crop_boxes(raw, ratio, px, py, anchor, shape, flip)
             labels = batch["crop_labels"][i]
             n = int((labels > 0).sum())
             got = batch["crop_boxes"][i][:n]
