@@ -9,7 +9,9 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     raise ImportError("crossdali.pytorch needs PyTorch: pip install crossdali[pytorch]") from None
 
+from crossdali.pytorch.detection import DETECTION_BACKENDS, create_detection_loader
 from crossdali.pytorch.loaders import BACKENDS, create_classification_loader
 from crossdali.pytorch.video import VIDEO_BACKENDS, create_video_loader
 
-__all__ = ["BACKENDS", "VIDEO_BACKENDS", "create_classification_loader", "create_video_loader"]
+__all__ = ["BACKENDS", "VIDEO_BACKENDS", "DETECTION_BACKENDS", "create_classification_loader", "create_video_loader",
+           "create_detection_loader"]

@@ -16,7 +16,9 @@ from crossdali.tensorflow.datasets import (
     create_classification_dataset,
     create_classification_loader,
 )
+from crossdali.tensorflow.detection import DETECTION_BACKENDS, create_detection_dataset, create_detection_loader
 from crossdali.tensorflow.video import VIDEO_BACKENDS, create_video_dataset, create_video_loader
 
 __all__ = ["BACKENDS", "TFClassificationLoader", "create_classification_dataset", "create_classification_loader",
-           "VIDEO_BACKENDS", "create_video_dataset", "create_video_loader"]
+           "VIDEO_BACKENDS", "create_video_dataset", "create_video_loader",
+           "DETECTION_BACKENDS", "create_detection_dataset", "create_detection_loader"]
