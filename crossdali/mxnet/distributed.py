@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mxnet as mx
 import numpy as np
@@ -39,6 +39,7 @@ class Runtime:
     context: mx.Context
     engine: str  # "none" | "horovod" | "kvstore"
     kvstore: object | None = None
+    _metric_keys: set = field(default_factory=set)
 
     def make_trainer(self, params, optimizer: str, optimizer_params: dict) -> mx.gluon.Trainer:
         if self.engine == "horovod":
@@ -59,12 +60,13 @@ class Runtime:
 
             arr = hvd.allreduce(arr, average=False, name="metrics")
         elif self.engine == "kvstore":
-            if not getattr(self, "_metrics_ready", False):
-                self.kvstore.init(_METRICS_KEY, mx.nd.zeros(arr.shape, dtype=np.float64))
-                self._metrics_ready = True
-            self.kvstore.push(_METRICS_KEY, arr)
+            key = _METRICS_KEY + len(values)  # a kvstore key keeps the size it was created with
+            if key not in self._metric_keys:
+                self.kvstore.init(key, mx.nd.zeros(arr.shape, dtype=np.float64))
+                self._metric_keys.add(key)
+            self.kvstore.push(key, arr)
             out = mx.nd.zeros(arr.shape, dtype=np.float64)
-            self.kvstore.pull(_METRICS_KEY, out=out)
+            self.kvstore.pull(key, out=out)
             arr = out
         return arr.asnumpy().tolist()
 

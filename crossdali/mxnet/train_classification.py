@@ -194,11 +194,10 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         "learning_rate": lr, "momentum": args.momentum, "wd": args.weight_decay, "lr_scheduler": schedule})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     if args.label_smoothing:
-        smooth = args.label_smoothing
+        smooth, dense_ce = args.label_smoothing, gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
-        def loss_fn(output, target, _ce=gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)):
-            dense = mx.nd.one_hot(target, num_classes) * (1 - smooth) + smooth / num_classes
-            return _ce(output, dense)
+        def loss_fn(output, target):
+            return dense_ce(output, mx.nd.one_hot(target, num_classes) * (1 - smooth) + smooth / num_classes)
 
     start_epoch = 0
     if args.resume is not None:
