@@ -50,3 +50,15 @@ def test_tf_val_identical_to_pipeline(detection_root):
     np.testing.assert_array_equal(labels.numpy(), direct["labels"])
     np.testing.assert_array_equal(boxes.numpy(), direct["boxes"])
     np.testing.assert_array_equal(images.numpy(), direct["images"])
+
+
+def test_tf_train_identical_to_pipeline(detection_root):
+    from crossdali.common.detection import TRAIN_OUTPUTS
+
+    src = resolve_detection_source(detection_root, "train")
+    pipe = create_detection_pipeline(src, train=True, options=PipelineOptions(batch_size=8, num_threads=2, seed=11))
+    pipe.build()
+    direct = [np.array(x.as_tensor()) for x in pipe.run()]
+    batch = next(iter(create_detection_loader(src, train=True, batch_size=8, workers=2, seed=11)))
+    for name, got, want in zip(TRAIN_OUTPUTS, batch, direct):
+        np.testing.assert_array_equal(got.numpy(), want, err_msg=name)
