@@ -92,3 +92,18 @@ def test_bad_data_folder_is_named(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode != 0
     assert f"no COCO annotation file for split 'train' under {tmp_path}" in proc.stderr
+
+
+@pytest.mark.slow
+def test_training_under_torchrun(tmp_path, mini_detection):
+    """Two DDP ranks (gloo): disjoint train shards, val detections gathered from both ranks."""
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+           "-m", "crossdali.detection_ssd.train", *TRAIN[3:], "-b", "4", "-j", "1", "--data", str(mini_detection),
+           "--epochs", "1", "--output-dir", str(out)]
+    proc = subprocess.run(cmd, env={**_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start, epoch = _records(out)  # rank 0 alone writes
+    assert start["world_size"] == 2 and start["engine"] == "ddp"
+    assert epoch["train_samples"] == 16  # 8 per rank, 2 full batches of 4 each
+    assert epoch["val_images"] == 8  # every val image exactly once across the two ranks
