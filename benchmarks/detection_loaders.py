@@ -78,7 +78,7 @@ def _sync(device: torch.device) -> None:
 
 
 def plot(report: dict, png: Path) -> None:
-    """Horizontal bars with matplotlib, or OpenCV where matplotlib is not installed."""
+    """Horizontal bars with matplotlib, or Pillow where matplotlib is not installed."""
     rows = [r for r in report["loader"] if "img_s" in r]
     if not rows:
         return
@@ -92,7 +92,7 @@ def plot(report: dict, png: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        _plot_cv2(names, values, title, png)
+        _plot_pil(names, values, title, png)
         return
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(rows)))
     colors = ["#76b900" if r["backend"] == "dali-gpu" else "#5a7d9a" if r["backend"] == "dali-cpu" else "#999999"
@@ -109,23 +109,23 @@ def plot(report: dict, png: Path) -> None:
     plt.close(fig)
 
 
-def _plot_cv2(names: list[str], values: list[float], title: str, png: Path) -> None:
-    import cv2
-    import numpy as np
+def _plot_pil(names: list[str], values: list[float], title: str, png: Path) -> None:
+    """The same chart drawn with Pillow (the GPU machine has no matplotlib)."""
+    from PIL import Image, ImageDraw
 
-    w, row, left = 1000, 50, 330
-    img = np.full((90 + row * len(names), w, 3), 255, np.uint8)
-    for k, line in enumerate(title.splitlines()):
-        cv2.putText(img, line, (10, 25 + 22 * k), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    w, row, left = 1000, 44, 300
+    img = Image.new("RGB", (w, 70 + row * len(names)), "white")
+    draw = ImageDraw.Draw(img)
+    draw.multiline_text((10, 8), title, fill="black")
     top = max(values)
     for i, (name, v) in enumerate(zip(names, values)):
-        y = 70 + row * i
-        length = int((w - left - 120) * v / top)
-        cv2.rectangle(img, (left, y), (left + max(1, length), y + row - 15), (0, 185, 118), -1)
-        cv2.putText(img, name[:40], (10, y + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
-        cv2.putText(img, f"{v:,.0f} img/s", (left + length + 8, y + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1,
-                    cv2.LINE_AA)
-    cv2.imwrite(str(png), img)
+        y = 60 + row * i
+        length = max(1, int((w - left - 140) * v / top))
+        color = (118, 185, 0) if name.startswith("DALI GPU") else (90, 125, 154) if name.startswith("DALI") else (153,) * 3
+        draw.rectangle([left, y, left + length, y + row - 12], fill=color)
+        draw.text((10, y + 10), name[:48], fill="black")
+        draw.text((left + length + 8, y + 10), f"{v:,.0f} img/s", fill="black")
+    img.save(png)
 
 
 def main(args: argparse.Namespace) -> dict:
