@@ -32,6 +32,8 @@ class Runtime:
         if self.engine == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
             return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if self.engine == "horovod":
+            _broadcast_buffers_on_eval(model)
         return model
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -66,6 +68,28 @@ class Runtime:
     def shutdown(self) -> None:
         if self.engine == "ddp" and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _broadcast_buffers_on_eval(model: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics) when ``model`` switches to
+    eval mode.
+
+    Horovod averages gradients but not buffers, so each rank's running statistics drift apart on
+    its own shard: the ranks would evaluate different models, and the top-1 a job reports would not
+    be that of the checkpoint rank 0 saves. DDP broadcasts rank 0's buffers before each forward;
+    this does the same once per ``model.eval()``, which every rank calls at the same point.
+    """
+    import horovod.torch as hvd
+
+    train = model.train
+
+    def train_or_eval(mode: bool = True) -> torch.nn.Module:
+        if not mode and model.training:
+            buffers = {name: b for name, b in model.named_buffers() if b is not None}
+            hvd.broadcast_parameters(buffers, root_rank=0)
+        return train(mode)
+
+    model.train = train_or_eval
 
 
 def _horovod_available() -> bool:

@@ -106,6 +106,7 @@ def test_two_rank_training_matches_single_process_evaluation(tmp_path, data_root
     assert test_single["event"] == "test" and test_single["val_samples"] == 55
     assert test_single["val_top1"] == pytest.approx(epoch["val_top1"])
     assert test_single["val_top5"] == pytest.approx(epoch["val_top5"])
+    assert test_single["val_loss"] == pytest.approx(epoch["val_loss"], rel=1e-4)
 
     # The same checkpoint evaluated by two ranks: the same top-1, over the same 55 samples.
     both = tmp_path / f"{launcher}-test"
