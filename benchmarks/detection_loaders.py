@@ -194,6 +194,12 @@ def _finish(report: dict, path: Path) -> None:
     by_name = {r["name"]: r["img_s"] for r in report["loader"] if "img_s" in r}
     if NATIVE in by_name:
         report["speedup_vs_native"] = {k: v / by_name[NATIVE] for k, v in by_name.items()}
+    gpu = max((v for k, v in by_name.items() if k.startswith("DALI GPU")), default=None)
+    if gpu is not None:  # issue 5's targets: >= 10,000 img/s and >= 40x the DataLoader in the same run
+        report["targets"] = {"dali_gpu_img_s": gpu, "at_least_10000_img_s": gpu >= 10_000}
+        if NATIVE in by_name:
+            report["targets"] |= {"dali_gpu_over_native": gpu / by_name[NATIVE],
+                                  "at_least_40x_native": gpu >= 40 * by_name[NATIVE]}
     path.write_text(json.dumps(report, indent=2) + "\n")
 
 
