@@ -71,9 +71,15 @@ def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, epoch: in
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             locs, scores = model(images)
         loss = criterion(locs, scores, offsets, labels)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()  # set_to_none by default; Horovod's DistributedOptimizer takes no arguments
         scaler.scale(loss).backward()
-        scaler.step(optimizer)
+        if runtime.engine == "horovod" and scaler.is_enabled():
+            optimizer.synchronize()  # finish Horovod's allreduce before the scaler reads the gradients
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+        else:
+            scaler.step(optimizer)
         scaler.update()
         scheduler.step()
         n = images.shape[0]
