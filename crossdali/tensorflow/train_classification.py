@@ -5,8 +5,8 @@
 
 Same flags as ``crossdali.pytorch.train_classification`` where they apply. The loop is a plain
 ``tf.GradientTape`` step rather than ``model.fit``: it measures data wait per step, keeps one DALI
-iterator across epochs, and uses Horovod's framework-level API (``DistributedGradientTape``),
-which works with Keras 3, where ``horovod.keras`` does not (TF >= 2.16).
+iterator across epochs, and uses Horovod's framework-level API (``grouped_allreduce`` of the
+gradients), which works with Keras 3, where ``horovod.keras`` does not (TF >= 2.16).
 
 Multi-process: one process per GPU, rank from ``crossdali.common.distributed`` (any launcher).
 Gradients are averaged with Horovod (``horovod.tensorflow``) when it is importable; without it a
@@ -188,9 +188,11 @@ def make_train_step(model, optimizer, loss_fn, runtime: Runtime):
             loss = loss_fn(labels, logits)
             # tf.distribute sums gradients over replicas: scale so the sum is the mean
             scaled = optimizer.scale_loss(loss / replicas)
-        if hvd is not None:
-            tape = hvd.DistributedGradientTape(tape)
         grads = tape.gradient(scaled, model.trainable_variables)
+        if hvd is not None:
+            # averaged explicitly: hvd.DistributedGradientTape needs tf.Variables (.ref()), and
+            # Keras 3 variables are not
+            grads = hvd.grouped_allreduce(grads, op=hvd.Average)
         optimizer.apply(grads, model.trainable_variables)
         return loss
 
@@ -336,7 +338,10 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         start_epoch = int(epoch_var.numpy())
         log.info("resumed from %s at epoch %d", path, start_epoch + 1)
     if runtime.hvd is not None:  # every rank starts from rank 0's weights (fresh or resumed)
-        runtime.hvd.broadcast_variables(model.variables + list(optimizer.variables), root_rank=0)
+        # one by one: hvd.broadcast_variables calls tf.Variable.assign on Keras 3 variables'
+        # tensor values and fails ("'SymbolicTensor' object has no attribute 'assign'")
+        for var in [*model.variables, *optimizer.variables]:
+            var.assign(runtime.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0))
     manager = None
     if args.output_dir is not None and (runtime.dist.is_main or runtime.strategy is not None):
         # tf.distribute: every worker takes part in saving (reads may be collective); only
