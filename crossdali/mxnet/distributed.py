@@ -58,7 +58,7 @@ class Runtime:
         if self.engine == "horovod":
             import horovod.mxnet as hvd
 
-            arr = hvd.allreduce(arr, average=False, name="metrics")
+            arr = hvd.allreduce(arr, average=False, name=f"metrics{len(values)}")
         elif self.engine == "kvstore":
             key = _METRICS_KEY + len(values)  # a kvstore key keeps the size it was created with
             if key not in self._metric_keys:
