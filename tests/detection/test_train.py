@@ -69,22 +69,22 @@ def test_coco_map_of_ground_truth_is_one(detection_root):
 @pytest.mark.slow
 def test_train_script_evaluates_and_resumes(tmp_path, mini_detection):
     out = tmp_path / "run"
-    proc = subprocess.run([*TRAIN, "--data", str(mini_detection), "--epochs", "2", "--output-dir", str(out)],
+    proc = subprocess.run([*TRAIN, "--data", str(mini_detection), "--epochs", "1", "--output-dir", str(out)],
                           env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "val mAP" in proc.stderr and "img/s" in proc.stderr
     start, *epochs = _records(out)
     assert start["event"] == "start" and start["backend"] == "dali-cpu"
-    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert [e["epoch"] for e in epochs] == [1]
     for e in epochs:
         assert e["train_samples"] == 16 and e["val_images"] == 8
         assert 0.0 <= e["val_map"] <= e["val_map50"] <= 1.0 and e["train_img_s"] > 0
-    proc = subprocess.run([*TRAIN, "--data", str(mini_detection), "--epochs", "3", "--resume",
+    proc = subprocess.run([*TRAIN, "--data", str(mini_detection), "--epochs", "2", "--resume",
                            str(out / "checkpoint.pth"), "--output-dir", str(out)],
                           env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stderr
-    assert [r["epoch"] for r in _records(out) if r["event"] == "epoch"] == [1, 2, 3]
+    assert [r["epoch"] for r in _records(out) if r["event"] == "epoch"] == [1, 2]
 
 
 def test_bad_data_folder_is_named(tmp_path):
