@@ -366,6 +366,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     for epoch in range(start_epoch, args.epochs):
         stats = train_one_epoch(train_step, optimizer, train_loader, epoch=epoch, step0=epoch * steps_per_epoch,
                                 schedule=schedule, runtime=runtime, print_freq=args.print_freq)
+        if runtime.hvd is not None:  # Horovod averages gradients only: every rank evaluates (and rank 0
+            for var in model.non_trainable_variables:  # saves) rank 0's BatchNorm statistics
+                var.assign(runtime.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0))
         stats |= evaluate(eval_step, val_loader, runtime=runtime)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
