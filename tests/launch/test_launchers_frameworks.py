@@ -29,7 +29,7 @@ FRAMEWORKS = {
                    "args": ["--arch", "small_cnn", "--crop-size", "48", "--lr", "0.4"],
                    "checkpoint": lambda out: out},
     "mxnet": {"module": "crossdali.mxnet.train_classification", "needs": ["mxnet"],
-              "args": ["--arch", "resnet18_v1", "--crop-size", "32", "--lr", "0.2"],
+              "args": ["--arch", "resnet18_v1", "--crop-size", "32", "--lr", "0.05"],
               "checkpoint": lambda out: out / "checkpoint.params"},
 }
 
