@@ -195,18 +195,19 @@ class NativeRecordIter(mx.io.DataIter):
     """``mx.io.ImageRecordIter`` with the preset closest to the DALI pipeline.
 
     Differences MXNet does not let us remove: its random-resized-crop and resize use OpenCV
-    (``inter_method=2``, area, is the closest to DALI's antialiased linear resize), and train
-    uses MXNet's ``round_batch``: the last batch wraps around into the next epoch's first
-    samples instead of following the crossdali epoch rule.
+    (``inter_method=2``, area, is the closest to DALI's antialiased linear resize).
 
-    Val is exactly once: with an index, ``num_parts`` gives rank ``r`` records
+    Epochs follow the crossdali rule, not MXNet's ``round_batch`` (which wraps the last batch
+    into the next pass and then, measured on 528 samples with batch 32, gave epochs of 528, 256
+    and 272 samples). With an index, ``num_parts`` gives rank ``r`` the records
     ``[r*step, (r+1)*step)`` with ``step = ceil(n / parts)`` (measured); with
-    ``round_batch=False`` MXNet fills the last batch with stale rows and reports ``pad=0``,
-    so this wrapper computes ``pad`` from the part size itself.
+    ``round_batch=False`` MXNet fills the last batch with stale rows and reports ``pad=0``, so this
+    wrapper counts the batches of its part and sets ``pad`` itself (``DROP``: only full batches,
+    as many on every rank).
     """
 
     def __init__(self, source: DataSource, *, train: bool, batch_size: int, transform: ClassificationTransform,
-                 workers: int, seed: int, dist: DistInfo) -> None:
+                 workers: int, seed: int, dist: DistInfo, policy: LastBatchPolicy) -> None:
         super().__init__(batch_size)
         t = transform
         preset = dict(
@@ -219,13 +220,17 @@ class NativeRecordIter(mx.io.DataIter):
             batch_size=batch_size, label_width=1, data_name=DATA_NAME, label_name=LABEL_NAME,
             mean_r=t.mean[0], mean_g=t.mean[1], mean_b=t.mean[2], std_r=t.std[0], std_g=t.std[1], std_b=t.std[2],
             inter_method=2,  # area-based (cv2.INTER_AREA) is the closest to antialiased linear
-            num_parts=dist.world_size, part_index=dist.rank, round_batch=train, preprocess_threads=max(1, workers),
+            num_parts=dist.world_size, part_index=dist.rank, round_batch=False, preprocess_threads=max(1, workers),
             seed=seed, seed_aug=seed + dist.rank, dtype=t.dtype, ctx="cpu", **preset)
         self.num_classes = source.num_classes
-        self._train = train
         n, step = source.num_samples, math.ceil(source.num_samples / dist.world_size)
-        self._part_size = min(step * (dist.rank + 1), n) - min(step * dist.rank, n)
-        self._len = math.ceil(self._part_size / batch_size)
+        part_size = min(step * (dist.rank + 1), n) - min(step * dist.rank, n)
+        if policy == LastBatchPolicy.DROP:
+            self._len = batches_per_epoch(n, batch_size=batch_size, num_shards=dist.world_size, policy=policy)
+            self._last_pad = 0
+        else:
+            self._len = math.ceil(part_size / batch_size)
+            self._last_pad = self._len * batch_size - part_size
         self._i = 0
 
     @property
@@ -244,14 +249,12 @@ class NativeRecordIter(mx.io.DataIter):
         self._i = 0
 
     def next(self) -> mx.io.DataBatch:
-        if self._train:
-            return self._it.next()
         if self._i >= self._len:
             raise StopIteration
         batch = self._it.next()
         self._i += 1
         if self._i == self._len:
-            batch.pad = self._len * self.batch_size - self._part_size
+            batch.pad = self._last_pad
         return batch
 
 
@@ -309,7 +312,7 @@ def create_classification_loader(
                             "set has one in its recordio/ folder; MXNet's im2rec.py converts an ImageFolder), or use "
                             "--data-backend dali-cpu/dali-gpu.")
         return NativeRecordIter(source, train=train, batch_size=batch_size, transform=transform, workers=workers,
-                                seed=seed, dist=dist)
+                                seed=seed, dist=dist, policy=policy)
 
     device = "gpu" if backend == "dali-gpu" else "cpu"
     options = PipelineOptions(
