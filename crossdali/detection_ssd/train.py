@@ -108,7 +108,10 @@ def _gather(runtime: Runtime, obj: list) -> list:
     if runtime.engine == "horovod":
         import horovod.torch as hvd
 
-        return [x for p in hvd.allgather_object(obj) for x in p]
+        # evaluate() runs in inference mode; Horovod's background thread writes into the tensors
+        # it creates, which inference mode forbids ("Inplace update to inference tensor")
+        with torch.inference_mode(False):
+            return [x for p in hvd.allgather_object(obj) for x in p]
     return obj
 
 

@@ -43,7 +43,16 @@ class Runtime:
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        distributed = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd_zero_grad = distributed.zero_grad
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            # Horovod 0.28's zero_grad() takes no argument (and sets gradients to None); accept
+            # torch's signature so train loops need not know which engine runs them
+            hvd_zero_grad()
+
+        distributed.zero_grad = zero_grad
+        return distributed
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
         """Sum ``values`` over all ranks (metrics: counts, correct predictions, loss sums)."""
