@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 ENGINES = ("auto", "horovod", "kvstore", "none")
 # Integer keys are the trainer's parameter indices (0..n-1); metrics use one far above them.
 _METRICS_KEY = 1_000_003
+_BN_KEYS = 2_000_003
 
 
 @dataclass
@@ -69,6 +70,25 @@ class Runtime:
             self.kvstore.pull(key, out=out)
             arr = out
         return arr.asnumpy().tolist()
+
+    def sync_batchnorm_stats(self, net: mx.gluon.Block) -> None:
+        """Make BatchNorm's running statistics (the parameters without gradients) the same on every
+        worker before evaluating: gradients are averaged, these are not, so each rank would
+        evaluate (and rank 0 save) its own. Horovod: rank 0's; kvstore: the mean over workers."""
+        stats = {name: p.data() for name, p in net.collect_params().items() if p.grad_req == "null"}
+        if self.engine == "horovod":
+            import horovod.mxnet as hvd
+
+            hvd.broadcast_parameters(stats, root_rank=0)
+        elif self.engine == "kvstore":
+            for i, name in enumerate(sorted(stats)):
+                key, value = _BN_KEYS + i, stats[name]
+                if key not in self._metric_keys:
+                    self.kvstore.init(key, mx.nd.zeros(value.shape, dtype=value.dtype))
+                    self._metric_keys.add(key)
+                self.kvstore.push(key, value)
+                self.kvstore.pull(key, out=value)
+                value /= self.dist.world_size
 
     def barrier(self) -> None:
         if self.engine == "kvstore":

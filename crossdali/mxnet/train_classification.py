@@ -225,11 +225,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     for epoch in range(start_epoch, args.epochs):
         stats = train_one_epoch(net, loss_fn, trainer, train_loader, epoch=epoch, runtime=runtime,
                                 print_freq=args.print_freq)
-        if runtime.engine == "horovod":  # gradients are averaged, BatchNorm statistics are not: every rank
-            import horovod.mxnet as hvd  # evaluates (and rank 0 saves) rank 0's
-
-            hvd.broadcast_parameters({name: p.data() for name, p in net.collect_params().items()
-                                      if p.grad_req == "null"}, root_rank=0)
+        runtime.sync_batchnorm_stats(net)  # several workers: every rank evaluates (rank 0 saves) the same
         stats |= evaluate(net, loss_fn, val_loader, runtime=runtime)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")

@@ -92,3 +92,13 @@ def test_training_as_two_dist_sync_workers(tmp_path, data_root, tiny_classificat
     assert epoch["val_samples"] == 55  # every val sample exactly once across the two workers
     # DROP under 2 workers: 264 samples, 132 per worker, 4 full batches of 32 each
     assert epoch["train_samples"] == 2 * 4 * 32
+    # BatchNorm statistics are averaged over workers before evaluating, so one process evaluating
+    # the checkpoint rank 0 saved reports what the 2-worker job reported
+    single = tmp_path / "single"
+    proc = subprocess.run([*TRAIN, "--arch", "mobilenet0.25", "--resume", str(out / "checkpoint.params"),
+                           "--test-only", "--output-dir", str(single)],
+                          env=_env(data_root), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    test = _records(single)[-1]
+    assert test["val_samples"] == 55 and test["val_top1"] == pytest.approx(epoch["val_top1"])
+    assert test["val_loss"] == pytest.approx(epoch["val_loss"], rel=1e-4)
