@@ -41,6 +41,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--sample-size", default="bench")
     parser.add_argument("--workers", type=int, default=None, help="DALI threads per GPU (default: cores / GPUs)")
     parser.add_argument("--timeout", type=int, default=540, help="seconds per run")
+    parser.add_argument("--data-backend", default="dali-gpu", help="dali-cpu runs (and smoke-tests this) without GPUs")
+    parser.add_argument("--no-amp", dest="amp", action="store_false", help="float32 instead of AMP")
     return parser
 
 
@@ -60,9 +62,10 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
         return record | {"skipped": "Horovod is not installed here (scripts/install-horovod needs network and a "
                                     "compiler; see docs/distributed.md)"}
     with tempfile.TemporaryDirectory() as tmp:
-        train_args = ["--data-backend", "dali-gpu", "--sample-size", args.sample_size, "--arch", args.arch,
-                      "-b", str(args.batch_size), "--epochs", str(args.epochs), "--amp", "--channels-last",
-                      "-j", str(workers), "--lr-warmup-epochs", "1", "--print-freq", "0", "--output-dir", tmp]
+        train_args = ["--data-backend", args.data_backend, "--sample-size", args.sample_size, "--arch", args.arch,
+                      "-b", str(args.batch_size), "--epochs", str(args.epochs), "--channels-last",
+                      "-j", str(workers), "--lr-warmup-epochs", "1", "--print-freq", "0", "--output-dir", tmp,
+                      *(["--amp"] if args.amp else [])]
         start = time.perf_counter()
         proc = subprocess.run(_command(launcher, gpus, train_args), capture_output=True, text=True,
                               timeout=args.timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -102,7 +105,7 @@ def main(args: argparse.Namespace) -> list[dict]:
 
     visible = torch.cuda.device_count()
     counts = [int(g) for g in args.gpus.split(",")]
-    if visible < max(counts):
+    if args.data_backend == "dali-gpu" and visible < max(counts):
         raise SystemExit(f"--gpus {args.gpus} needs {max(counts)} GPUs, {visible} visible: pass --gpus 1,{visible or 1}")
     ensure_classification(size=args.sample_size)  # build once, before any rank starts
     results = []
@@ -116,7 +119,8 @@ def main(args: argparse.Namespace) -> list[dict]:
         if one and "img_s" in r:
             r["scaling_efficiency"] = round(r["img_s_per_gpu"] / one["img_s_per_gpu"], 3)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(0), "gpus_visible": visible, "torch": torch.__version__,
+    meta = {"gpu": torch.cuda.get_device_name(0) if visible else None, "gpus_visible": visible,
+            "data_backend": args.data_backend, "amp": args.amp, "torch": torch.__version__,
             "cpu_count": os.cpu_count(), "python": platform.python_version(), "arch": args.arch,
             "batch_size_per_gpu": args.batch_size, "epochs": args.epochs, "sample_size": args.sample_size}
     (args.out / "multi_gpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))

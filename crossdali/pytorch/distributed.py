@@ -41,9 +41,22 @@ class Runtime:
             return optimizer
         import horovod.torch as hvd
 
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        # Horovod 0.28 broadcasts and allreduces only contiguous tensors; --channels-last makes conv
+        # weights, their gradients and momentum buffers non-contiguous ("Tensor is required to be
+        # contiguous"): broadcast contiguous copies, and allreduce gradients through a copy.
+        state = model.state_dict()
+        copies = {name: t.contiguous() for name, t in state.items()}
+        hvd.broadcast_parameters(copies, root_rank=0)
+        for name, t in state.items():
+            if copies[name] is not t:
+                t.copy_(copies[name])
+        for param_state in optimizer.state.values():
+            for key, value in param_state.items():
+                if torch.is_tensor(value) and not value.is_contiguous():
+                    param_state[key] = value.contiguous()
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        distributed = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        distributed = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                               compression=_ContiguousGradients)
         hvd_zero_grad = distributed.zero_grad
 
         def zero_grad(set_to_none: bool = True) -> None:
@@ -77,6 +90,18 @@ class Runtime:
     def shutdown(self) -> None:
         if self.engine == "ddp" and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+class _ContiguousGradients:
+    """A Horovod "compression" that only makes gradients contiguous (channels-last ones are not)."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor):
+        return tensor.contiguous(), None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx) -> torch.Tensor:
+        return tensor
 
 
 def _broadcast_buffers_on_eval(model: torch.nn.Module) -> None:
