@@ -59,7 +59,7 @@ def tests_tensorflow(session: nox.Session) -> None:
     _install(session, "tensorflow")
     # the plugin compiles against the TensorFlow just installed: no build isolation
     session.install("--no-build-isolation", "-r", "requirements/tensorflow-plugin.txt")
-    _pytest(session, "tests/tensorflow")
+    _pytest(session, "tests/tensorflow", "tests/detection/test_tf_detection.py", "tests/video/test_tensorflow_video.py")
     _parity_dump(session, "tensorflow")
 
 
@@ -87,11 +87,11 @@ def tests_horovod(session: nox.Session) -> None:
 
 @nox.session
 def parity(session: nox.Session) -> None:
-    """Bit-exact comparison of every framework's dump (fails with fewer than two)."""
+    """Bit-exact comparison of every framework's dump (fails unless PyTorch, TensorFlow and MXNet all dumped)."""
     session.install("-r", "requirements/parity.txt")
     session.install("--no-deps", "-e", ".")
     _pytest(session, "tests/parity")
-    session.run("python", "-m", "crossdali.parity", "compare", str(PARITY), "--min-frameworks", "2", env=_env())
+    session.run("python", "-m", "crossdali.parity", "compare", str(PARITY), "--min-frameworks", "3", env=_env())
 
 
 @nox.session

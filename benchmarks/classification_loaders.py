@@ -6,13 +6,14 @@
 Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from real photos):
 
 - loader: the bare input pipeline, batches consumed as float NCHW tensors on the GPU (what the
-  DESIGN.md baseline measured). Epoch 1 warms up (workers, caches, allocator); epoch 2 is timed.
+  DESIGN.md baseline measured). Epoch 1 warms up (workers, caches, allocator); epochs 2-3 are timed.
 - train: a ResNet-50 training step (AMP, channels-last) fed by the backend; images/s and the
   share of the step spent waiting for data. ``synthetic`` is the upper bound.
 
 Configurations: torchvision ImageFolder + PIL, torchvision decode_image + v2 (crossdali's
 ``native``), DALI all-CPU, and DALI mixed with the hardware JPEG decoder share 0 / 0.5 / 0.75 /
-1.0 and 2 / 4 / 8 / 15 CPU threads. Writes ``classification_loaders.json``.
+1.0 and 2 / 4 / 8 / 15 CPU threads. Writes ``classification_loaders.json``, rewritten after every
+configuration, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--hw-loads", default="0,0.5,0.75,1.0", help="hw_decoder_load values for the sweep")
     parser.add_argument("--skip-train", action="store_true", help="only the bare loader measurement")
     parser.add_argument("--train-steps", type=int, default=30, help="timed ResNet-50 steps per backend")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script on a CPU-only machine: tiny set, CPU backends, 2 steps")
     return parser
 
 
@@ -58,19 +61,20 @@ def _pil_imagefolder_loader(source, *, batch_size: int, workers: int, crop: int)
                                        pin_memory=True, persistent_workers=True, drop_last=False)
 
 
-def _consume(loader, device, *, epochs: int = 2) -> dict[str, float]:
-    """Iterate ``epochs`` epochs, moving each batch to the GPU; time the last one."""
-    stats = {}
-    for _ in range(epochs):
-        n, start = 0, time.perf_counter()
+def _consume(loader, device, *, warmup_epochs: int = 1, epochs: int = 2) -> dict[str, float]:
+    """Iterate ``warmup_epochs + epochs`` epochs, moving each batch to the GPU; time the last ``epochs``."""
+    n, start = 0, None
+    for epoch in range(warmup_epochs + epochs):
+        if epoch == warmup_epochs:
+            _sync(device)
+            n, start = 0, time.perf_counter()
         for images, labels in loader:
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
             n += images.shape[0]
-        torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - start
-        stats = {"images": n, "seconds": elapsed, "img_s": n / elapsed}
-    return stats
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    return {"images": n, "seconds": elapsed, "img_s": n / elapsed}
 
 
 def _train_steps(loader, model, optimizer, scaler, device, steps: int) -> dict[str, float]:
@@ -80,24 +84,29 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int) -> dict[s
     wait, n, start = 0.0, 0, None
     for step in range(10 + steps):
         if step == 10:
-            torch.cuda.synchronize(device)
+            _sync(device)
             wait, n, start = 0.0, 0, time.perf_counter()
         t0 = time.perf_counter()
         images, labels = next(it)
         images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
         labels = labels.to(device, non_blocking=True)
-        torch.cuda.synchronize(device)  # the wait includes the host-to-device copy
+        _sync(device)  # the wait includes the host-to-device copy
         wait += time.perf_counter() - t0
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast(device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(images), labels)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
         n += images.shape[0]
-    torch.cuda.synchronize(device)
+    _sync(device)
     elapsed = time.perf_counter() - start
     return {"img_s": n / elapsed, "data_wait_share": wait / elapsed, "steps": steps}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _forever(loader):
@@ -106,9 +115,11 @@ def _forever(loader):
 
 
 def main(args: argparse.Namespace) -> dict:
-    if not torch.cuda.is_available():
-        raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU")
-    device = torch.device("cuda", 0)
+    if args.smoke:
+        args.size, args.batch_size, args.workers, args.threads, args.hw_loads, args.train_steps = "tiny", 32, 2, "", "", 2
+    elif not torch.cuda.is_available():
+        raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     root = ensure_classification(args.data_root, size=args.size, formats=("imagefolder",)) / "imagefolder"
@@ -124,52 +135,18 @@ def main(args: argparse.Namespace) -> dict:
         ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers)),
         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
     ]
-    for load in (float(x) for x in args.hw_loads.split(",")):
+    for load in (float(x) for x in args.hw_loads.split(",") if x):
         configs.append((f"DALI GPU hw_decoder_load={load:g}", dict(backend="dali-gpu", workers=workers, hw_decoder_load=load)))
-    for threads in (int(x) for x in args.threads.split(",")):
+    for threads in (int(x) for x in args.threads.split(",") if x):
         if threads != workers:
             configs.append((f"DALI GPU hw_decoder_load=1 {threads} threads",
                             dict(backend="dali-gpu", workers=threads, hw_decoder_load=1.0)))
 
-    results = []
-    for name, cfg in configs:
-        kind = cfg.pop("kind", None)
-        if kind == "pil":
-            loader = _pil_imagefolder_loader(source, batch_size=bs, workers=cfg["workers"], crop=crop)
-        else:
-            loader = create_classification_loader(source, **common, **cfg, device_id=0)
-        stats = _consume(loader, device)
-        row = {"name": name, "backend": kind or cfg["backend"], "threads": cfg["workers"],
-               "hw_decoder_load": cfg.get("hw_decoder_load"), **stats}
-        results.append(row)
-        print(f"{name:45s} {stats['img_s']:9,.0f} img/s", flush=True)
-        del loader
-
-    train = []
-    if not args.skip_train:
-        import torchvision
-
-        torch.backends.cudnn.benchmark = True
-        for name, cfg in [("synthetic", dict(backend="synthetic", workers=workers)),
-                          ("DALI GPU hw_decoder_load=1", dict(backend="dali-gpu", workers=workers, hw_decoder_load=1.0)),
-                          ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
-                          ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers))]:
-            model = torchvision.models.resnet50(num_classes=11).to(device).to(memory_format=torch.channels_last)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-            scaler = torch.amp.GradScaler("cuda")
-            loader = create_classification_loader(source, **common, **cfg, device_id=0)
-            stats = _train_steps(loader, model, optimizer, scaler, device, args.train_steps)
-            train.append({"name": name, "backend": cfg["backend"], "threads": workers, **stats})
-            print(f"train {name:39s} {stats['img_s']:9,.0f} img/s  data wait {100 * stats['data_wait_share']:.0f} %",
-                  flush=True)
-            del loader, model, optimizer
-
-    by_name = {r["name"]: r["img_s"] for r in results}
-    native = by_name["torchvision decode_image + v2 (native)"]
+    results, train = [], []
     report = {
         "benchmark": "classification_loaders",
         "command": "python -m benchmarks.classification_loaders --out results/",
-        "device": torch.cuda.get_device_name(device),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -177,15 +154,68 @@ def main(args: argparse.Namespace) -> dict:
         "dataset": {"images": source.num_samples, "mean_kib": sum(sizes) / len(sizes) / 1024},
         "batch_size": bs,
         "transform": "decode + random-resized-crop 224 + flip + normalize, float NCHW on the GPU",
+        "timing": "loader: epoch 1 warm-up, epochs 2-3 timed; train: 10 warm-up steps, then --train-steps timed",
         "loader": results,
         "train_resnet50_amp": train,
-        "speedup_vs_native": {r["name"]: r["img_s"] / native for r in results},
-        "speedup_vs_pil": {r["name"]: r["img_s"] / by_name["torchvision PIL ImageFolder"] for r in results},
     }
     path = args.out / "classification_loaders.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    for name, cfg in configs:
+        kind = cfg.pop("kind", None)
+        row = {"name": name, "backend": kind or cfg["backend"], "threads": cfg["workers"],
+               "hw_decoder_load": cfg.get("hw_decoder_load")}
+        try:  # one failing configuration is recorded with its error; the others still run
+            if kind == "pil":
+                loader = _pil_imagefolder_loader(source, batch_size=bs, workers=cfg["workers"], crop=crop)
+            else:
+                loader = create_classification_loader(source, **common, **cfg, device_id=0)
+            row.update(_consume(loader, device))
+            print(f"{name:45s} {row['img_s']:9,.0f} img/s", flush=True)
+            del loader
+        except Exception as e:  # reported in the JSON
+            row["error"] = f"{type(e).__name__}: {e}"
+            print(f"{name:45s} FAILED: {row['error']}", flush=True)
+        results.append(row)
+        _write(path, report)
+
+    if not args.skip_train:
+        import torchvision
+
+        torch.backends.cudnn.benchmark = True
+        train_configs = [("synthetic", dict(backend="synthetic", workers=workers)),
+                         ("DALI GPU hw_decoder_load=1", dict(backend="dali-gpu", workers=workers, hw_decoder_load=1.0)),
+                         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
+                         ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers))]
+        for name, cfg in train_configs:
+            if cfg["backend"] == "dali-gpu" and device.type != "cuda":
+                continue
+            row = {"name": name, "backend": cfg["backend"], "threads": workers}
+            try:
+                model = torchvision.models.resnet50(num_classes=11).to(device).to(memory_format=torch.channels_last)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+                scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
+                loader = create_classification_loader(source, **common, **cfg, device_id=0)
+                row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps))
+                print(f"train {name:39s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.0f} %",
+                      flush=True)
+                del loader, model, optimizer
+            except Exception as e:  # reported in the JSON
+                row["error"] = f"{type(e).__name__}: {e}"
+                print(f"train {name:39s} FAILED: {row['error']}", flush=True)
+            train.append(row)
+            _write(path, report)
+
+    by_name = {r["name"]: r["img_s"] for r in results if "img_s" in r}
+    for key, base in (("speedup_vs_native", "torchvision decode_image + v2 (native)"),
+                      ("speedup_vs_pil", "torchvision PIL ImageFolder")):
+        if base in by_name:
+            report[key] = {name: img_s / by_name[base] for name, img_s in by_name.items()}
+    _write(path, report)
     print(f"wrote {path}")
     return report
+
+
+def _write(path: Path, report: dict) -> None:
+    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

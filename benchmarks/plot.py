@@ -18,8 +18,8 @@ def plot_classification(report: dict, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    loader = report["loader"]
-    train = report.get("train_resnet50_amp", [])
+    loader = [r for r in report["loader"] if "img_s" in r]  # failed configurations carry "error"
+    train = [r for r in report.get("train_resnet50_amp", []) if "img_s" in r]
     fig, axes = plt.subplots(1, 2 if train else 1, figsize=(14 if train else 8, 6), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 2]} if train else None)
     ax = axes[0][0]

@@ -1,4 +1,4 @@
-"""Run as a dist_sync worker by test_train.py: records which val samples this rank's iterator yields."""
+"""Run as a dist_sync worker by test_mxnet_train.py: records which val samples this rank's iterator yields."""
 
 import json
 import sys

@@ -1,6 +1,9 @@
 """Writers for the record formats DALI reads: TFRecord (+ DALI index) and MXNet RecordIO (+ .idx).
 
-TFRecord goes through the maintained ``tfrecord`` package (no TensorFlow needed). MXNet RecordIO
+TFRecord goes through the maintained ``tfrecord`` package where TensorFlow is not installed, and
+through TensorFlow's own writer where it is: both packages register ``tensorflow.Example`` in
+protobuf's default pool, so importing ``tfrecord`` next to TensorFlow fails ("duplicate symbol
+'tensorflow.BytesList'") and would break TensorFlow for the rest of the process. MXNet RecordIO
 is written by hand: the only maintained writer is ``mxnet.recordio`` itself, and the PyTorch and
 TensorFlow environments must not need MXNet. The MXNet test suite reads these files back with
 ``mxnet.recordio`` to prove the format.
@@ -8,6 +11,7 @@ TensorFlow environments must not need MXNet. The MXNet test suite reads these fi
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,20 +36,54 @@ def write_tfrecord(path: Path, samples: Iterable[tuple[bytes, int]]) -> Path:
     """Write ``(jpeg_bytes, label)`` samples to ``path`` and its DALI index to ``path.idx``.
 
     Returns the index path. The index lists "offset length" per record, the format of DALI's
-    ``tfrecord2idx`` tool, which ``fn.readers.tfrecord`` requires.
+    ``tfrecord2idx`` tool, which ``fn.readers.tfrecord`` requires. Every record is framed as
+    length (8 bytes) + length CRC (4) + payload + payload CRC (4), so the index follows from the
+    payload lengths.
     """
-    from tfrecord import TFRecordWriter  # defer: only the builder needs it
-    from tfrecord.tools.tfrecord2idx import create_index
+    write = _tensorflow_writer if _tensorflow_installed() else _tfrecord_package_writer
+    lengths = write(path, samples)
+    index = path.with_suffix(".idx")
+    offset, lines = 0, []
+    for n in lengths:
+        lines.append(f"{offset} {n + 16}\n")
+        offset += n + 16
+    if offset != path.stat().st_size:  # the framing above is the TFRecord spec; never write a wrong index
+        raise RuntimeError(f"{path}: {path.stat().st_size} bytes on disk, index adds up to {offset}")
+    index.write_text("".join(lines), encoding="ascii")
+    return index
 
-    writer = TFRecordWriter(str(path))
+
+def _tensorflow_installed() -> bool:
+    spec = importlib.util.find_spec("tensorflow")
+    return spec is not None and spec.origin is not None  # a real package, not a folder named tensorflow
+
+
+def _tfrecord_package_writer(path: Path, samples: Iterable[tuple[bytes, int]]) -> list[int]:
+    from tfrecord import TFRecordWriter  # defer: only the builder needs it
+
+    writer, lengths = TFRecordWriter(str(path)), []
     try:
         for jpeg, label in samples:
+            start = writer.file.tell()
             writer.write({TFRECORD_IMAGE_KEY: (jpeg, "byte"), TFRECORD_LABEL_KEY: (int(label), "int")})
+            lengths.append(writer.file.tell() - start - 16)
     finally:
         writer.close()
-    index = path.with_suffix(".idx")
-    create_index(str(path), str(index))
-    return index
+    return lengths
+
+
+def _tensorflow_writer(path: Path, samples: Iterable[tuple[bytes, int]]) -> list[int]:
+    import tensorflow as tf
+
+    lengths = []
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for jpeg, label in samples:
+            feature = {TFRECORD_IMAGE_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                       TFRECORD_LABEL_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
+            record = tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            writer.write(record)
+            lengths.append(len(record))
+    return lengths
 
 
 def write_recordio(path: Path, samples: Iterable[tuple[bytes, int]]) -> Path:
