@@ -43,6 +43,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--hw-loads", default="0,0.5,0.75,1.0", help="hw_decoder_load values for the sweep")
     parser.add_argument("--skip-train", action="store_true", help="only the bare loader measurement")
     parser.add_argument("--train-steps", type=int, default=30, help="timed ResNet-50 steps per backend")
+    parser.add_argument("--train-threads", default="4,15",
+                        help="DALI threads for the dali-gpu training rows (the other backends use --workers)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script on a CPU-only machine: tiny set, CPU backends, 2 steps")
     return parser
@@ -117,6 +119,7 @@ def _forever(loader):
 def main(args: argparse.Namespace) -> dict:
     if args.smoke:
         args.size, args.batch_size, args.workers, args.threads, args.hw_loads, args.train_steps = "tiny", 32, 2, "", "", 2
+        args.train_threads = ""
     elif not torch.cuda.is_available():
         raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -181,14 +184,15 @@ def main(args: argparse.Namespace) -> dict:
         import torchvision
 
         torch.backends.cudnn.benchmark = True
-        train_configs = [("synthetic", dict(backend="synthetic", workers=workers)),
-                         ("DALI GPU hw_decoder_load=1", dict(backend="dali-gpu", workers=workers, hw_decoder_load=1.0)),
-                         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
-                         ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers))]
+        train_configs = [("synthetic", dict(backend="synthetic", workers=workers))]
+        train_configs += [(f"DALI GPU hw_decoder_load=1 {t} threads", dict(backend="dali-gpu", workers=t, hw_decoder_load=1.0))
+                          for t in (int(x) for x in args.train_threads.split(",") if x)]
+        train_configs += [("DALI CPU", dict(backend="dali-cpu", workers=workers)),
+                          ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers))]
         for name, cfg in train_configs:
             if cfg["backend"] == "dali-gpu" and device.type != "cuda":
                 continue
-            row = {"name": name, "backend": cfg["backend"], "threads": workers}
+            row = {"name": name, "backend": cfg["backend"], "threads": cfg["workers"]}
             try:
                 model = torchvision.models.resnet50(num_classes=11).to(device).to(memory_format=torch.channels_last)
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

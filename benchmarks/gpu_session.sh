@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection [OUT]
+#   bash benchmarks/gpu_session.sh classification|video|detection|tests [OUT]
 #
 # Needs DALI importable (on the lent H100: ../shared/gpu/stage-dali, then PYTHONPATH=/tmp/site:$PWD).
 # Writes under OUT (default $OUT, else results/gpu): each benchmark's JSON (+ PNG where matplotlib or
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection [OUT]}
+phase=${1:?usage: gpu_session.sh classification|video|detection|tests [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -23,11 +23,6 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to OUT/NAME
   tail -n 25 "$out/$name.log"
 }
 
-gpu_tests() {  # gpu_tests NAME SECONDS PATHS...: the tests marked gpu, with a per-test summary
-  local name=$1 limit=$2; shift 2
-  step "$name" "$limit" "$py" -m pytest "$@" -m gpu -rA -p no:cacheprovider -q
-}
-
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; "$py" -c \
   "import sys, torch, nvidia.dali as d; print(sys.version.split()[0], 'torch', torch.__version__, 'DALI', d.__version__)"; } \
   > "$out/machine-$phase.txt" 2>&1
@@ -35,18 +30,14 @@ cat "$out/machine-$phase.txt"
 
 case $phase in
   classification)
-    step classification_loaders 330 "$py" -m benchmarks.classification_loaders --out "$out"
-    gpu_tests gpu_tests_classification 170 tests/pytorch/test_pytorch_gpu.py tests/tensorflow/test_tf_gpu.py tests/mxnet
-    ;;
+    step classification_loaders 330 "$py" -m benchmarks.classification_loaders --out "$out" ;;
   video)
-    step video_decode 330 "$py" -m benchmarks.video_decode --out "$out" --work "$CROSSDALI_DATA/video-bench"
-    gpu_tests gpu_tests_video 120 tests/video
-    step optical_flow 60 "$py" -m crossdali.video.optical_flow --sample-size tiny --output-dir "$out/flow"
-    ;;
+    step video_decode 330 "$py" -m benchmarks.video_decode --out "$out" --work "$CROSSDALI_DATA/video-bench" ;;
   detection)
-    step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out"
-    gpu_tests gpu_tests_detection 230 tests/detection
-    ;;
+    step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
+  tests)  # every GPU-marked test (TensorFlow's and MXNet's skip where those frameworks are absent)
+    step gpu_tests 420 "$py" -m pytest tests -m gpu -rA -p no:cacheprovider -q
+    step optical_flow 60 "$py" -m crossdali.video.optical_flow --sample-size gpu-tiny --output-dir "$out/flow" ;;
   *)
-    echo "unknown phase $phase (classification, video or detection)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, video, detection or tests)" >&2; exit 2 ;;
 esac

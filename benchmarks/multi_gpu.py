@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -68,7 +69,7 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
                       *(["--amp"] if args.amp else [])]
         start = time.perf_counter()
         proc = subprocess.run(_command(launcher, gpus, train_args), capture_output=True, text=True,
-                              timeout=args.timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              timeout=args.timeout, env={**os.environ, "PYTHONPATH": PYTHONPATH})
         record["wall_s"] = round(time.perf_counter() - start, 1)
         if proc.returncode != 0:
             return record | {"failed": proc.stderr[-4000:]}

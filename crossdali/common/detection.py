@@ -282,8 +282,11 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
                                        stds=list(BOX_CODER_STDS), scale=1.0)
         outputs = (images, boxes, fn.cast(labels, dtype=types.INT64))
         if debug:
-            outputs += (_padded(raw_boxes, 0.0), _padded(raw_labels, 0), ratio, paste_x, paste_y, anchor, shape,
-                        flip, _padded(crop_boxes, 0.0), _padded(crop_labels, 0))
+            extra = (_padded(raw_boxes, 0.0), _padded(raw_labels, 0), ratio, paste_x, paste_y, anchor, shape,
+                     flip, _padded(crop_boxes, 0.0), _padded(crop_labels, 0))
+            # a GPU pipeline hands CPU outputs over in pinned memory, which torch.from_dlpack rejects
+            # ("Unsupported device_type: 3"): every output of a GPU pipeline lives on the GPU
+            outputs += tuple(x.gpu() for x in extra) if gpu else extra
         return outputs
 
     return detection_pipeline()

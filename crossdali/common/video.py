@@ -62,6 +62,9 @@ KINETICS_STD = (0.22803 * 255, 0.22145 * 255, 0.216989 * 255)
 #: Codecs DALI 2.4 decodes on the CPU (FFmpeg names). The GPU adds h264, hevc, av1, mpeg4.
 CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
 GPU_CODECS = CPU_CODECS | {"h264", "hevc", "av1", "mpeg4"}
+#: NVDEC's smallest frame per codec where it is larger than the sample clips (measured on the H100,
+#: DALI 2.4: a 64x64 VP9 clip fails with "Video is too small ... supported:128x128"; 64x64 H.264 decodes).
+GPU_MIN_SIDE = {"vp9": 128}
 VIDEO_EXTENSIONS = (".webm", ".mp4", ".mkv", ".avi", ".mov", ".m4v")
 # A stream is constant-frame-rate when its frame durations differ by at most this share of the
 # median (plus one time-base tick for rounding, e.g. 33/34 ms at 30 fps in WebM's 1/1000 s).
@@ -216,6 +219,12 @@ def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform 
                 f"DALI's GPU reader decodes {sorted(GPU_CODECS)}"
             raise DataError(f"{info.path} is {info.codec}; {where}. Re-encode it to VP9: "
                             + reencode_hint(info.path, fps=info.fps))
+        min_side = GPU_MIN_SIDE.get(info.codec, 0) if device != "cpu" else 0
+        if min(info.width, info.height) < min_side:
+            raise DataError(f"{info.path} is {info.width}x{info.height} {info.codec}; the GPU's NVDEC decodes {info.codec} "
+                            f"from {min_side}x{min_side} up. Upscale it, e.g. `ffmpeg -i {info.path} -vf "
+                            f"scale={max(min_side, info.width)}:{max(min_side, info.height)} -c:v libvpx-vp9 -b:v 0 -crf 30 "
+                            "OUT.webm`, or decode it on the CPU (device='cpu' / --data-backend dali-cpu).")
         if not info.constant_frame_rate:
             raise DataError(f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so "
                             "its clips would cover uneven stretches of time. Re-encode it at a constant frame "

@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.slow, pytest.mark.pytorch]
 ROOT = Path(__file__).resolve().parents[2]
+PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 
@@ -24,7 +25,7 @@ def _horovodrun(*args: str, data_root: Path) -> None:
         if os.environ.get("CROSSDALI_REQUIRE_HOROVOD") == "1":
             pytest.fail("CROSSDALI_REQUIRE_HOROVOD=1 but Horovod is not installed: run scripts/install-horovod")
         pytest.skip("Horovod is not installed in this environment: scripts/install-horovod (nox -s tests-horovod)")
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([str(HOROVODRUN), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *args],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"horovodrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

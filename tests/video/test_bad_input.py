@@ -101,3 +101,15 @@ def test_optical_flow_example_fails_clearly_without_gpu(tiny_video, tmp_path):
     args = get_args_parser().parse_args(["--data", str(tiny_video), "--output-dir", str(tmp_path)])
     with pytest.raises(OpticalFlowUnavailable, match=r"this machine shows 0 CUDA GPU"):
         main(args)
+
+
+def test_vp9_below_nvdec_minimum_on_gpu_names_file_and_fix(tiny_video):
+    """64x64 VP9 decodes on the CPU, but NVDEC rejects VP9 under 128x128 mid-epoch: say so up front."""
+    from crossdali.common.sources import DataError
+    from crossdali.common.video import check_videos
+
+    files = sorted(str(p) for p in tiny_video.rglob("*.webm"))[:2]
+    assert check_videos(files, device="cpu")  # fine on the CPU
+    with pytest.raises(DataError, match=r"\.webm is 64x64 vp9; the GPU's NVDEC decodes vp9 from 128x128 up\. "
+                                        r"Upscale it, e\.g\. `ffmpeg .*--data-backend dali-cpu"):
+        check_videos(files, device="gpu")
