@@ -19,7 +19,7 @@ def plot_classification(report: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     loader = [r for r in report["loader"] if "img_s" in r]  # failed configurations carry "error"
-    train = [r for r in report.get("train_resnet50_amp", []) if "img_s" in r]
+    train = [r for r in report.get("train_resnet50_amp", []) if "img_s" in r and not r["name"].startswith("warm-up")]
     fig, axes = plt.subplots(1, 2 if train else 1, figsize=(14 if train else 8, 6), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 2]} if train else None)
     ax = axes[0][0]

@@ -438,12 +438,17 @@ def create_optical_flow_pipeline(
 
 
 def flow_to_frame_pixels(flow, frame_hw: tuple[int, int], flow_size: int | None):
-    """Flow vectors from ``create_optical_flow_pipeline`` in pixels of the decoded ``(H, W)`` frames."""
+    """Flow from ``create_optical_flow_pipeline`` as the motion of the content from frame i to frame
+    i+1, in pixels of the decoded ``(H, W)`` frames (x right, y down).
+
+    DALI's raw vectors point the other way, from frame i+1 back to frame i (the optical-flow
+    engine's input-to-reference convention): measured on the H100 with clips whose motion is known
+    (``tests/video/test_video_gpu.py``: a rising patch gave dy > 0 raw), so the sign is flipped here."""
     if not flow_size:
-        return flow
+        return -flow
     h, w = frame_hw
     scale = flow.dtype.type(w / flow_size), flow.dtype.type(h / flow_size)
-    return flow * [scale[0], scale[1]]
+    return flow * [-scale[0], -scale[1]]
 
 
 def explain_video_failure(source: DataSource, error: Exception, *, device: str = "cpu") -> Exception:
