@@ -7,8 +7,8 @@
 - kvstore: MXNet's launchers (``crossdali.mxnet.launch`` here, ``tools/launch.py`` of the MXNet
   repository for ssh/mpi/yarn) set only ``DMLC_*`` variables; a worker's rank is assigned when
   it registers with the scheduler, so it is read from ``kv.rank``. Gradients are summed by the
-  servers (``update_on_kvstore=False``: the servers hold no optimizer, so the same kvstore can
-  also sum metrics) and every worker applies the same update.
+  servers (``KVStoreTrainer``: the servers hold no optimizer, so the same kvstore can also sum
+  metrics) and every worker applies the same update.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from crossdali.common.distributed import DistInfo, detect_distributed
 
-__all__ = ["Runtime", "init_distributed", "ENGINES"]
+__all__ = ["Runtime", "KVStoreTrainer", "init_distributed", "ENGINES"]
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,7 @@ class Runtime:
             hvd.broadcast_parameters(params, root_rank=0)
             return hvd.DistributedTrainer(params, optimizer, optimizer_params)
         if self.engine == "kvstore":
-            return mx.gluon.Trainer(params, optimizer, optimizer_params, kvstore=self.kvstore,
-                                    update_on_kvstore=False)
+            return KVStoreTrainer(params, optimizer, optimizer_params, kvstore=self.kvstore)
         return mx.gluon.Trainer(params, optimizer, optimizer_params, kvstore=None)
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
@@ -95,6 +94,47 @@ class Runtime:
             self.kvstore._barrier()  # the public API has none; Module.fit uses the same call
         elif self.engine == "horovod":
             self.all_reduce_sum([0.0])
+
+
+class KVStoreTrainer(mx.gluon.Trainer):
+    """A Gluon ``Trainer`` whose gradients are summed over the workers of a ``dist_sync`` kvstore,
+    the way Horovod's ``DistributedTrainer`` does it over allreduce.
+
+    Why not ``Trainer(kvstore=kv)``: Gluon sets the kvstore up lazily in the first ``step()`` and
+    broadcasts rank 0's weights through the keys the gradients then use; on a CPU kvstore nothing
+    orders that broadcast's pull before the first gradient push, so a worker can pull the
+    gradient sum as its weights (CI caught it; 2 of 4 two-worker runs diverged on a loaded 2-core
+    machine). Here every key is initialised and the weights are broadcast before training, and
+    each worker waits for that before its first push. Parameters need their shapes: run one
+    forward pass first (Gluon's deferred initialisation).
+    """
+
+    def __init__(self, params, optimizer, optimizer_params, *, kvstore) -> None:
+        super().__init__(params, optimizer, optimizer_params, kvstore=None)
+        deferred = [p.name for p in self._params if p._deferred_init]
+        if deferred:
+            raise RuntimeError(f"parameters {deferred[:3]} have no shape yet: run one forward pass "
+                               "before creating the trainer, so the kvstore can broadcast them")
+        self._kv = kvstore
+        keys = list(range(len(self._params)))
+        # plain copies: after a forward pass on the CPU the weights may be in MKL-DNN's blocked
+        # layout, which the kvstore cannot send
+        weights = [mx.nd.array(p.data().asnumpy(), ctx=p.data().context, dtype=p.dtype) for p in self._params]
+        kvstore.init(keys, weights)  # rank 0's values; the others' are ignored
+        mx.nd.waitall()
+        kvstore._barrier()  # every worker: rank 0's init reached the server before anyone pulls
+        kvstore.pull(keys, out=weights)  # every rank starts from rank 0's weights (BatchNorm statistics too)
+        mx.nd.waitall()
+        for param, weight in zip(self._params, weights):
+            param.set_data(weight)
+        kvstore._barrier()  # and nobody pushes a gradient into those keys before everyone has pulled
+
+    def _allreduce_grads(self) -> None:
+        for i, param in enumerate(self._params):
+            if param.grad_req != "null":
+                # pull overwrites the gradient with the sum over workers, as Gluon's kvstore path does
+                self._kv.push(i, param.list_grad(), priority=-i)
+                self._kv.pull(i, param.list_grad(), priority=-i)
 
 
 def _horovod_available() -> bool:

@@ -183,6 +183,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     net = gluon.model_zoo.vision.get_model(args.arch, classes=num_classes, pretrained=False)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=runtime.context)
     net.hybridize(static_alloc=True)
+    # one forward pass gives every parameter its shape (Gluon's deferred initialisation), so the
+    # distributed engines can broadcast the initial weights before the first step
+    net(mx.nd.zeros((1, 3, args.crop_size, args.crop_size), ctx=runtime.context))
     global_batch = args.batch_size * runtime.dist.world_size
     lr = args.lr * global_batch / 256
     steps_per_epoch = max(1, len(train_loader))
