@@ -20,8 +20,8 @@ def plot_classification(report: dict, png: Path) -> None:
 
     loader = [r for r in report["loader"] if "img_s" in r]  # failed configurations carry "error"
     train = [r for r in report.get("train_resnet50_amp", []) if "img_s" in r and not r["name"].startswith("warm-up")]
-    fig, axes = plt.subplots(1, 2 if train else 1, figsize=(14 if train else 8, 6), squeeze=False,
-                             gridspec_kw={"width_ratios": [3, 2]} if train else None)
+    fig, axes = plt.subplots(1, 2 if train else 1, figsize=(17 if train else 9, 6), squeeze=False,
+                             gridspec_kw={"width_ratios": [1, 1]} if train else None, layout="constrained")
     ax = axes[0][0]
     names = [r["name"] for r in loader]
     values = [r["img_s"] for r in loader]
@@ -42,9 +42,8 @@ def plot_classification(report: dict, png: Path) -> None:
                      padding=3, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("images/s")
-        ax.set_xlim(0, max(r["img_s"] for r in train) * 1.6)
+        ax.set_xlim(0, max(r["img_s"] for r in train) * 1.45)
         ax.set_title("ResNet-50 training (AMP, channels-last)\nand the share of time spent waiting for data")
-    fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
