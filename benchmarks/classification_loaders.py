@@ -46,6 +46,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--skip-loader", action="store_true", help="only the training measurement")
     parser.add_argument("--min-seconds", type=float, default=5.0,
                         help="time whole epochs until at least this long (and at least 2 epochs) per loader")
+    parser.add_argument("--train-warmup", type=int, default=10, help="untimed ResNet-50 steps before timing")
     parser.add_argument("--train-steps", type=int, default=30, help="timed ResNet-50 steps per backend")
     parser.add_argument("--train-threads", default="4,15",
                         help="DALI threads for the dali-gpu training rows (the other backends use --workers)")
@@ -86,13 +87,13 @@ def _consume(loader, device, *, min_epochs: int = 2, min_seconds: float = 0.0) -
     return {"images": n, "epochs": epochs, "seconds": elapsed, "img_s": n / elapsed}
 
 
-def _train_steps(loader, model, optimizer, scaler, device, steps: int) -> dict[str, float]:
-    """``steps`` RN50 training steps after 10 warm-up steps; data wait measured per step."""
+def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10) -> dict[str, float]:
+    """``steps`` RN50 training steps after ``warmup`` untimed ones; data wait measured per step."""
     model.train()
     it = iter(_forever(loader))
     wait, n, start = 0.0, 0, None
-    for step in range(10 + steps):
-        if step == 10:
+    for step in range(warmup + steps):
+        if step == warmup:
             _sync(device)
             wait, n, start = 0.0, 0, time.perf_counter()
         t0 = time.perf_counter()
@@ -126,7 +127,7 @@ def _forever(loader):
 def main(args: argparse.Namespace) -> dict:
     if args.smoke:
         args.size, args.batch_size, args.workers, args.threads, args.hw_loads, args.train_steps = "tiny", 32, 2, "", "", 2
-        args.min_seconds = 0.0
+        args.min_seconds, args.train_warmup = 0.0, 1
         args.train_threads = ""
     elif not torch.cuda.is_available():
         raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
@@ -166,7 +167,7 @@ def main(args: argparse.Namespace) -> dict:
         "batch_size": bs,
         "transform": "decode + random-resized-crop 224 + flip + normalize, float NCHW on the GPU",
         "timing": (f"loader: 1 warm-up epoch, then whole epochs timed until >= 2 epochs and >= {args.min_seconds:g} s; "
-                   "train: 10 warm-up steps, then --train-steps timed"),
+                   f"train: {args.train_warmup} warm-up steps, then --train-steps timed"),
         "loader": results,
         "train_resnet50_amp": train,
     }
@@ -213,7 +214,7 @@ def main(args: argparse.Namespace) -> dict:
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
                 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
                 loader = create_classification_loader(source, **common, **cfg, device_id=0)
-                row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps))
+                row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps, args.train_warmup))
                 print(f"train {name:39s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.0f} %",
                       flush=True)
                 del loader, model, optimizer

@@ -1,0 +1,68 @@
+"""The GPU benchmarks' own CPU smoke runs (``--smoke``), so the scripts behind the README's tables
+cannot rot between GPU sessions: each runs its real DALI CPU pipelines and baselines on the tiny
+sample set and writes a JSON (and a plot) with a positive rate and no error for every row."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchvision")
+pytest.importorskip("matplotlib")
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
+
+
+def _run(module: str, out: Path, data_root: Path, *extra: str) -> dict:
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-m", module, "--smoke", "--out", str(out), *extra], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    name = module.rsplit(".", 1)[1]
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def test_classification_benchmark_smoke(tmp_path, data_root):
+    report = _run("benchmarks.classification_loaders", tmp_path, data_root)
+    loader = {r["name"]: r for r in report["loader"]}
+    assert set(loader) == {"torchvision PIL ImageFolder", "torchvision decode_image + v2 (native)", "DALI CPU"}
+    for row in loader.values():
+        assert "error" not in row, row
+        # every timed epoch is a whole pass over the tiny train split (264 images)
+        assert row["epochs"] >= 2 and row["images"] == 264 * row["epochs"] and row["img_s"] > 0, row
+    train = report["train_resnet50_amp"]
+    assert [r["backend"] for r in train] == ["synthetic", "dali-cpu", "native"]
+    assert all("error" not in r and r["img_s"] > 0 and 0 <= r["data_wait_share"] < 1 for r in train), train
+    assert report["speedup_vs_native"]["torchvision decode_image + v2 (native)"] == pytest.approx(1.0)
+
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.plot", str(tmp_path / "classification_loaders.json")],
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH}, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "classification_loaders.png").stat().st_size > 10_000
+
+
+def test_detection_benchmark_smoke(tmp_path, data_root):
+    report = _run("benchmarks.detection_loaders", tmp_path, data_root)
+    rows = {r["backend"]: r for r in report["loader"]}
+    assert set(rows) == {"dali-cpu", "native"}
+    for row in rows.values():
+        assert "error" not in row and row["img_s"] > 0, row
+        assert row["positive_anchors_per_image"] > 1, row  # the box encoder matched real objects
+    assert (tmp_path / "detection_loaders.png").stat().st_size > 10_000
+
+
+def test_video_benchmark_smoke(tmp_path, data_root):
+    report = _run("benchmarks.video_decode", tmp_path, data_root, "--work", str(tmp_path / "videos"))
+    kinds = {r["kind"] for r in report["results"]}
+    assert {"dali-cpu", "cpu"} <= kinds, kinds
+    assert all("error" not in r and r["fps"] > 0 for r in report["results"]), report["results"]
+    assert report["target_met"] is None  # the smoke run decodes no 1080p, so it claims nothing
+    assert (tmp_path / "video_decode.png").stat().st_size > 10_000
