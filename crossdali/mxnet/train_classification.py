@@ -23,8 +23,9 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from crossdali.common.metrics import MetricsWriter, format_epoch_line
-from crossdali.common.sample_data import SIZES, class_names, ensure_classification
+from crossdali.common.sample_data import class_names, ensure_classification
 from crossdali.common.sources import resolve_source
+from crossdali.common.train_args import add_classification_data_args, add_run_args
 from crossdali.mxnet.distributed import ENGINES, Runtime, init_distributed
 from crossdali.mxnet.loaders import BACKENDS, create_classification_loader
 
@@ -33,32 +34,13 @@ log = logging.getLogger("crossdali.train")
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="crossdali MXNet (Gluon) classification training", add_help=add_help)
-    parser.add_argument("--data", type=Path, default=None,
-                        help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO or file lists; "
-                             "default: the embedded sample set (built if missing)")
-    parser.add_argument("--data-format", default="auto", choices=["auto", "imagefolder", "tfrecord", "recordio", "filelist"])
-    parser.add_argument("--sample-size", default="small", choices=sorted(SIZES), help="sample set size when --data is not given")
-    parser.add_argument("--data-backend", default="auto", choices=["auto", *BACKENDS],
-                        help="native = mx.io.ImageRecordIter (needs RecordIO)")
-    parser.add_argument("--arch", default="resnet50_v1", help="any gluon.model_zoo.vision name (resnet18_v1, resnet50_v1, ...)")
-    parser.add_argument("--num-classes", type=int, default=None, help="default: from the dataset (needed for record formats)")
-    parser.add_argument("-b", "--batch-size", type=int, default=128, help="images per process per step")
-    parser.add_argument("--epochs", type=int, default=90)
-    parser.add_argument("--lr", type=float, default=0.1, help="learning rate for a global batch of 256 (scaled linearly)")
-    parser.add_argument("--lr-warmup-epochs", type=float, default=5, help="linear warm-up, then cosine decay")
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
-    parser.add_argument("--label-smoothing", type=float, default=0.0)
-    parser.add_argument("-j", "--workers", type=int, default=4, help="DALI threads or ImageRecordIter threads per process")
-    parser.add_argument("--crop-size", type=int, default=224)
-    parser.add_argument("--hw-decoder-load", type=float, default=1.0, help="share of JPEGs for the hardware decoder (dali-gpu)")
-    parser.add_argument("--engine", default="auto", choices=ENGINES,
-                        help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher")
-    parser.add_argument("--resume", type=Path, default=None, help="checkpoint (.params) to resume from")
-    parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and metrics.jsonl go here")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--print-freq", type=int, default=10, help="steps between progress lines")
-    parser.add_argument("--test-only", action="store_true", help="only evaluate (with --resume)")
+    add_classification_data_args(parser, backends=BACKENDS, arch="resnet50_v1",
+                                 arch_help="any gluon.model_zoo.vision name (resnet18_v1, resnet50_v1, ...)",
+                                 workers_help="DALI threads or ImageRecordIter threads per process",
+                                 backend_help="native = mx.io.ImageRecordIter (needs RecordIO)")
+    add_run_args(parser, engines=ENGINES,
+                 engine_help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher",
+                 resume_help="checkpoint (.params) to resume from")
     return parser
 
 

@@ -24,14 +24,14 @@ import math
 import os
 import shutil
 import time
-from pathlib import Path
 
 import tensorflow as tf
 
 from crossdali.common.distributed import DistInfo, detect_distributed
 from crossdali.common.metrics import MetricsWriter, format_epoch_line
-from crossdali.common.sample_data import SIZES, ensure_classification
+from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
+from crossdali.common.train_args import add_classification_data_args, add_run_args
 from crossdali.tensorflow.datasets import BACKENDS, create_classification_loader
 
 log = logging.getLogger("crossdali.train")
@@ -39,34 +39,14 @@ log = logging.getLogger("crossdali.train")
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="crossdali TensorFlow/Keras classification training", add_help=add_help)
-    parser.add_argument("--data", type=Path, default=None,
-                        help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO or file lists; "
-                             "default: the embedded sample set (built if missing)")
-    parser.add_argument("--data-format", default="auto", choices=["auto", "imagefolder", "tfrecord", "recordio", "filelist"])
-    parser.add_argument("--sample-size", default="small", choices=sorted(SIZES), help="sample set size when --data is not given")
-    parser.add_argument("--data-backend", default="auto", choices=["auto", *BACKENDS])
-    parser.add_argument("--arch", default="resnet50",
-                        help="a tf.keras.applications model (resnet50, mobilenetv2, ...) or 'small_cnn' (tests)")
-    parser.add_argument("--num-classes", type=int, default=None, help="default: from the dataset (needed for record formats)")
-    parser.add_argument("-b", "--batch-size", type=int, default=128, help="images per process per step")
-    parser.add_argument("--epochs", type=int, default=90)
-    parser.add_argument("--lr", type=float, default=0.1, help="learning rate for a global batch of 256 (scaled linearly)")
-    parser.add_argument("--lr-warmup-epochs", type=float, default=5, help="linear warm-up, then cosine decay")
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
-    parser.add_argument("--label-smoothing", type=float, default=0.0)
-    parser.add_argument("-j", "--workers", type=int, default=4, help="DALI threads or tf.data parallel calls per process")
-    parser.add_argument("--crop-size", type=int, default=224)
-    parser.add_argument("--hw-decoder-load", type=float, default=1.0, help="share of JPEGs for the hardware decoder (dali-gpu)")
+    add_classification_data_args(parser, backends=BACKENDS, arch="resnet50",
+                                 arch_help="a tf.keras.applications model (resnet50, mobilenetv2, ...) or 'small_cnn' (tests)",
+                                 workers_help="DALI threads or tf.data parallel calls per process")
     parser.add_argument("--amp", action="store_true", help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU")
-    parser.add_argument("--engine", default="auto", choices=["auto", "horovod", "tf-distribute", "none"],
-                        help="gradient averaging; auto: horovod when a launcher started several processes, "
-                             "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set")
-    parser.add_argument("--resume", type=Path, default=None, help="checkpoint (prefix or folder) to resume from")
-    parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and metrics.jsonl go here")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--print-freq", type=int, default=10, help="steps between progress lines")
-    parser.add_argument("--test-only", action="store_true", help="only evaluate (with --resume)")
+    add_run_args(parser, engines=["auto", "horovod", "tf-distribute", "none"],
+                 engine_help="gradient averaging; auto: horovod when a launcher started several processes, "
+                             "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set",
+                 resume_help="checkpoint (prefix or folder) to resume from")
     return parser
 
 
