@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-__all__ = ["MetricsWriter", "format_epoch_line"]
+__all__ = ["MetricsWriter", "format_epoch_line", "read_metrics"]
 
 
 class MetricsWriter:
@@ -24,6 +24,12 @@ class MetricsWriter:
         record.setdefault("time", time.time())
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_metrics(output_dir: Path | str) -> list[dict]:
+    """The records a ``MetricsWriter`` wrote to ``<output_dir>/metrics.jsonl``, in order."""
+    path = Path(output_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def format_epoch_line(epoch: int, epochs: int, stats: dict[str, float]) -> str:

@@ -3,13 +3,14 @@ evaluates COCO mAP, writes metrics and resumes; the mAP code scores perfect dete
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from crossdali.common.metrics import read_metrics
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("pycocotools")
@@ -22,10 +23,6 @@ TRAIN = [sys.executable, "-m", "crossdali.detection_ssd.train", "--arch", "resne
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
-
-
-def _records(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_loss_falls_on_dali_batches(mini_detection):
@@ -74,7 +71,7 @@ def test_train_script_evaluates_and_resumes(tmp_path, mini_detection):
                           env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "val mAP" in proc.stderr and "img/s" in proc.stderr
-    start, *epochs = _records(out)
+    start, *epochs = read_metrics(out)
     assert start["event"] == "start" and start["backend"] == "dali-cpu"
     assert [e["epoch"] for e in epochs] == [1]
     for e in epochs:
@@ -85,7 +82,7 @@ def test_train_script_evaluates_and_resumes(tmp_path, mini_detection):
                           env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stderr
-    assert [r["epoch"] for r in _records(out) if r["event"] == "epoch"] == [1, 2]
+    assert [r["epoch"] for r in read_metrics(out) if r["event"] == "epoch"] == [1, 2]
 
 
 def test_bad_data_folder_is_named(tmp_path):
@@ -104,7 +101,7 @@ def test_training_under_torchrun(tmp_path, mini_detection):
            "--epochs", "1", "--output-dir", str(out)]
     proc = subprocess.run(cmd, env={**_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    start, epoch = _records(out)  # rank 0 alone writes
+    start, epoch = read_metrics(out)  # rank 0 alone writes
     assert start["world_size"] == 2 and start["engine"] == "ddp"
     assert epoch["train_samples"] == 16  # 8 per rank, 2 full batches of 4 each
     assert epoch["val_images"] == 8  # every val image exactly once across the two ranks

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from crossdali.common.metrics import read_metrics
+
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.slow, pytest.mark.pytorch]
@@ -52,10 +54,6 @@ def _run(launcher: str, *args: str, data_root: Path) -> subprocess.CompletedProc
     proc = subprocess.run(_command(launcher, *args), env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{launcher} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
-
-
-def _records(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("launcher, engine", [("horovodrun", "horovod"), ("torchrun", "ddp")])
@@ -92,7 +90,7 @@ def test_two_rank_training_matches_single_process_evaluation(tmp_path, data_root
     out = tmp_path / launcher
     # --channels-last: conv weights and gradients are not contiguous, which Horovod must cope with
     _run(launcher, *TRAIN, "--data", data, "--channels-last", "--output-dir", str(out), data_root=data_root)
-    start, epoch = _records(out)  # rank 0 alone writes: one start and one epoch record
+    start, epoch = read_metrics(out)  # rank 0 alone writes: one start and one epoch record
     assert start["event"] == "start" and start["world_size"] == 2 and start["engine"] == engine
     assert epoch["event"] == "epoch" and epoch["val_samples"] == 55  # each val sample once across ranks
     assert epoch["train_samples"] == 2 * (132 // 16) * 16  # DROP: equal full batches on both ranks
@@ -103,7 +101,7 @@ def test_two_rank_training_matches_single_process_evaluation(tmp_path, data_root
     single = tmp_path / "single"
     _run("none", *TRAIN, "--data", data, "--resume", str(out / "checkpoint.pth"), "--test-only",
          "--output-dir", str(single), data_root=data_root)
-    start1, test_single = _records(single)
+    start1, test_single = read_metrics(single)
     assert start1["world_size"] == 1 and start1["engine"] == "none"
     assert test_single["event"] == "test" and test_single["val_samples"] == 55
     assert test_single["val_top1"] == pytest.approx(epoch["val_top1"])
@@ -114,7 +112,7 @@ def test_two_rank_training_matches_single_process_evaluation(tmp_path, data_root
     both = tmp_path / f"{launcher}-test"
     _run(launcher, *TRAIN, "--data", data, "--resume", str(out / "checkpoint.pth"), "--test-only",
          "--output-dir", str(both), data_root=data_root)
-    start2, test_two = _records(both)
+    start2, test_two = read_metrics(both)
     assert start2["world_size"] == 2 and start2["engine"] == engine
     assert test_two["val_samples"] == 55
     assert test_two["val_top1"] == pytest.approx(test_single["val_top1"])

@@ -12,13 +12,14 @@ reports the top-1 and loss the 2-rank job reported.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from crossdali.common.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,10 +52,6 @@ def _run(command: list[str], data_root: Path) -> None:
     assert proc.returncode == 0, f"{command[:6]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
-def _records(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
 def test_horovodrun_training_matches_single_process_evaluation(tmp_path, data_root, tiny_classification, framework):
     spec = FRAMEWORKS[framework]
@@ -69,7 +66,7 @@ def test_horovodrun_training_matches_single_process_evaluation(tmp_path, data_ro
              *spec["args"], *COMMON]
     out = tmp_path / "hvd"
     _run([str(HOROVODRUN), "--gloo", "-np", "2", "-H", "localhost:2", *train, "--output-dir", str(out)], data_root)
-    records = _records(out)  # rank 0 alone writes: one start record, one epoch record
+    records = read_metrics(out)  # rank 0 alone writes: one start record, one epoch record
     start, epoch = records[0], [r for r in records if r["event"] == "epoch"]
     assert start["world_size"] == 2 and start["engine"] == "horovod"
     assert len([r for r in records if r["event"] == "start"]) == 1 and len(epoch) == 1
@@ -79,7 +76,7 @@ def test_horovodrun_training_matches_single_process_evaluation(tmp_path, data_ro
 
     single = tmp_path / "single"
     _run([*train, "--resume", str(spec["checkpoint"](out)), "--test-only", "--output-dir", str(single)], data_root)
-    start1, test = _records(single)
+    start1, test = read_metrics(single)
     assert start1["world_size"] == 1 and test["val_samples"] == 55
     assert test["val_top1"] == pytest.approx(epoch["val_top1"])
     assert test["val_loss"] == pytest.approx(epoch["val_loss"], rel=1e-4)

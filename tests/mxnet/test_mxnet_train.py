@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from crossdali.common.metrics import read_metrics
+
 pytest.importorskip("mxnet")
 
 pytestmark = [pytest.mark.slow, pytest.mark.mxnet]
@@ -31,17 +33,13 @@ def _env(data_root) -> dict[str, str]:
     return {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
 
 
-def _records(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification):
     out = tmp_path / "run"
     proc = subprocess.run([*TRAIN, "--epochs", str(EPOCHS), "--output-dir", str(out)], env=_env(data_root),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "data backend: dali-cpu" in proc.stderr  # says which pipeline it uses
-    epochs = [r for r in _records(out) if r["event"] == "epoch"]
+    epochs = [r for r in read_metrics(out) if r["event"] == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, EPOCHS + 1))
     assert all(r["val_samples"] == 55 and r["train_samples"] == 264 for r in epochs)  # padding never counted
     assert epochs[-1]["val_top1"] >= TOP1_THRESHOLD, epochs
@@ -53,14 +51,14 @@ def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classificat
     proc = subprocess.run([*TRAIN, "--resume", str(out / "checkpoint.params"), "--test-only", "--output-dir", str(out)],
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    test = [r for r in _records(out) if r["event"] == "test"][-1]
+    test = [r for r in read_metrics(out) if r["event"] == "test"][-1]
     assert test["val_top1"] == pytest.approx(epochs[-1]["val_top1"]) and test["val_samples"] == 55
 
     # resuming continues at the next epoch
     proc = subprocess.run([*TRAIN, "--epochs", str(EPOCHS + 1), "--resume", str(out / "checkpoint.params"),
                            "--output-dir", str(out)], env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["epoch"] for r in _records(out) if r["event"] == "epoch"] == list(range(1, EPOCHS + 2))
+    assert [r["epoch"] for r in read_metrics(out) if r["event"] == "epoch"] == list(range(1, EPOCHS + 2))
 
 
 def test_bad_resume_path_is_named(tmp_path, data_root, tiny_classification):
@@ -88,7 +86,7 @@ def test_training_as_two_dist_sync_workers(tmp_path, data_root, tiny_classificat
     proc = subprocess.run([*LAUNCH, *TRAIN, "--arch", "mobilenet0.25", "--epochs", "1", "--output-dir", str(out)],
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (start, epoch), = [_records(out)[:2]]  # rank 0 alone writes: one start and one epoch record
+    (start, epoch), = [read_metrics(out)[:2]]  # rank 0 alone writes: one start and one epoch record
     assert start["world_size"] == 2 and start["engine"] == "kvstore"
     assert epoch["val_samples"] == 55  # every val sample exactly once across the two workers
     # DROP under 2 workers: 264 samples, 132 per worker, 4 full batches of 32 each
@@ -100,6 +98,6 @@ def test_training_as_two_dist_sync_workers(tmp_path, data_root, tiny_classificat
                            "--test-only", "--output-dir", str(single)],
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    test = _records(single)[-1]
+    test = read_metrics(single)[-1]
     assert test["val_samples"] == 55 and test["val_top1"] == pytest.approx(epoch["val_top1"])
     assert test["val_loss"] == pytest.approx(epoch["val_loss"], rel=1e-4)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from crossdali.common.metrics import read_metrics
+
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
@@ -26,17 +28,13 @@ def _env(data_root) -> dict[str, str]:
     return {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
 
 
-def _records(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification):
     out = tmp_path / "run"
     proc = subprocess.run([*TRAIN, "--epochs", "3", "--output-dir", str(out)], env=_env(data_root),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "data backend: dali-cpu" in proc.stderr  # says which pipeline it uses, in one line
-    epochs = [r for r in _records(out) if r["event"] == "epoch"]
+    epochs = [r for r in read_metrics(out) if r["event"] == "epoch"]
     assert [r["epoch"] for r in epochs] == [1, 2, 3]
     assert all(r["val_samples"] == 55 and r["train_samples"] == 264 for r in epochs)
     assert epochs[-1]["val_top1"] >= TOP1_THRESHOLD, epochs
@@ -47,14 +45,14 @@ def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classificat
     proc = subprocess.run([*TRAIN, "--resume", str(out / "checkpoint.pth"), "--test-only", "--output-dir", str(out)],
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    test = [r for r in _records(out) if r["event"] == "test"][-1]
+    test = [r for r in read_metrics(out) if r["event"] == "test"][-1]
     assert test["val_top1"] == pytest.approx(epochs[-1]["val_top1"]) and test["val_samples"] == 55
 
     # resuming continues at the next epoch
     proc = subprocess.run([*TRAIN, "--epochs", "4", "--resume", str(out / "checkpoint.pth"), "--output-dir", str(out)],
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["epoch"] for r in _records(out) if r["event"] == "epoch"] == [1, 2, 3, 4]
+    assert [r["epoch"] for r in read_metrics(out) if r["event"] == "epoch"] == [1, 2, 3, 4]
 
 
 def test_bad_resume_path_is_named(tmp_path, data_root, tiny_classification):
@@ -86,7 +84,7 @@ def test_training_under_torchrun(tmp_path, data_root, tiny_classification):
                                     "--output-dir", str(out)),
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (start, epoch), = [_records(out)[:2]]  # rank 0 alone writes: one start and one epoch record
+    (start, epoch), = [read_metrics(out)[:2]]  # rank 0 alone writes: one start and one epoch record
     assert start["world_size"] == 2 and start["engine"] == "ddp"
     assert epoch["val_samples"] == 55  # every val sample exactly once across the two ranks
     # DROP under 2 ranks: 264 samples, 132 per rank, 4 full batches of 32 each
