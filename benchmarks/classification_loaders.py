@@ -8,7 +8,7 @@ Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from r
 - loader: the bare input pipeline, batches consumed as float NCHW tensors on the GPU (what the
   DESIGN.md baseline measured). One epoch warms up (workers, caches, allocator); then whole
   epochs are timed until at least 2 epochs and ``--min-seconds`` (5 s) have passed.
-- train: a ResNet-50 training step (AMP, channels-last) fed by the backend; images/s and the
+- train: a training step (--arch, default ResNet-50; AMP on the GPU, channels-last) fed by the backend; images/s and the
   share of the step spent waiting for data. ``synthetic`` is the upper bound.
 
 Configurations: torchvision ImageFolder + PIL, torchvision decode_image + v2 (crossdali's
@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--train-steps", type=int, default=30, help="timed ResNet-50 steps per backend")
     parser.add_argument("--train-threads", default="4,15",
                         help="DALI threads for the dali-gpu training rows (the other backends use --workers)")
+    parser.add_argument("--arch", default="resnet50", help="torchvision model trained in the training rows")
+    parser.add_argument("--crop-size", type=int, default=224, help="random-resized-crop size of every row")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script on a CPU-only machine: tiny set, CPU backends, 2 steps")
     return parser
@@ -102,7 +105,9 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
         labels = labels.to(device, non_blocking=True)
         _sync(device)  # the wait includes the host-to-device copy
         wait += time.perf_counter() - t0
-        with torch.autocast(device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16):
+        # AMP on the GPU only: this measures GPU training; CPU autocast (bfloat16) is emulated and slow
+        # on CPUs without AVX-512/AMX bfloat16 instructions
+        with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
             loss = torch.nn.functional.cross_entropy(model(images), labels)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -126,9 +131,11 @@ def _forever(loader):
 
 def main(args: argparse.Namespace) -> dict:
     if args.smoke:
+        # only checks that the script runs: a tiny model at 64 px in float32, since a 2-core CPU without
+        # bfloat16 instructions trains ResNet-50 at 224 px under autocast at well under 1 image/s
         args.size, args.batch_size, args.workers, args.threads, args.hw_loads, args.train_steps = "tiny", 32, 2, "", "", 2
         args.min_seconds, args.train_warmup = 0.0, 1
-        args.train_threads = ""
+        args.train_threads, args.arch, args.crop_size = "", "resnet18", 64
     elif not torch.cuda.is_available():
         raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -139,7 +146,7 @@ def main(args: argparse.Namespace) -> dict:
     sizes = [os.path.getsize(f) for f in source.files]
     print(f"data: {source.num_samples} JPEGs, mean {sum(sizes) / len(sizes) / 1024:.0f} KiB "
           f"(built/checked in {time.perf_counter() - t0:.0f} s)", flush=True)
-    crop, bs, workers = 224, args.batch_size, args.workers
+    crop, bs, workers = args.crop_size, args.batch_size, args.workers
     common = dict(train=True, batch_size=bs, crop_size=crop)
 
     configs = [
@@ -157,7 +164,7 @@ def main(args: argparse.Namespace) -> dict:
     results, train = [], []
     report = {
         "benchmark": "classification_loaders",
-        "command": "python -m benchmarks.classification_loaders --out results/",
+        "command": " ".join(["python", "-m", "benchmarks.classification_loaders", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
@@ -165,11 +172,12 @@ def main(args: argparse.Namespace) -> dict:
         "dali": __import__("nvidia.dali").dali.__version__,
         "dataset": {"images": source.num_samples, "mean_kib": sum(sizes) / len(sizes) / 1024},
         "batch_size": bs,
-        "transform": "decode + random-resized-crop 224 + flip + normalize, float NCHW on the GPU",
+        "transform": f"decode + random-resized-crop {crop} + flip + normalize, float NCHW on the {device.type.upper()}",
+        "train_model": f"{args.arch}, channels-last, " + ("AMP float16" if device.type == "cuda" else "float32 (no CPU AMP)"),
         "timing": (f"loader: 1 warm-up epoch, then whole epochs timed until >= 2 epochs and >= {args.min_seconds:g} s; "
                    f"train: {args.train_warmup} warm-up steps, then --train-steps timed"),
         "loader": results,
-        "train_resnet50_amp": train,
+        "train": train,
     }
     path = args.out / "classification_loaders.json"
     for name, cfg in [] if args.skip_loader else configs:
@@ -210,7 +218,8 @@ def main(args: argparse.Namespace) -> dict:
                 continue
             row = {"name": name, "backend": cfg["backend"], "threads": cfg["workers"]}
             try:
-                model = torchvision.models.resnet50(num_classes=11).to(device).to(memory_format=torch.channels_last)
+                model = torchvision.models.get_model(args.arch, num_classes=source.num_classes)
+                model = model.to(device).to(memory_format=torch.channels_last)
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
                 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
                 loader = create_classification_loader(source, **common, **cfg, device_id=0)

@@ -19,7 +19,8 @@ def plot_classification(report: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     loader = [r for r in report["loader"] if "img_s" in r]  # failed configurations carry "error"
-    train = [r for r in report.get("train_resnet50_amp", []) if "img_s" in r and not r["name"].startswith("warm-up")]
+    rows = report.get("train") or report.get("train_resnet50_amp", [])  # the older name in committed results
+    train = [r for r in rows if "img_s" in r and not r["name"].startswith("warm-up")]
     fig, axes = plt.subplots(1, 2 if train else 1, figsize=(17 if train else 9, 6), squeeze=False,
                              gridspec_kw={"width_ratios": [1, 1]} if train else None, layout="constrained")
     ax = axes[0][0]
@@ -43,7 +44,8 @@ def plot_classification(report: dict, png: Path) -> None:
         ax.invert_yaxis()
         ax.set_xlabel("images/s")
         ax.set_xlim(0, max(r["img_s"] for r in train) * 1.45)
-        ax.set_title("ResNet-50 training (AMP, channels-last)\nand the share of time spent waiting for data")
+        model = report.get("train_model", "resnet50, channels-last, AMP float16")
+        ax.set_title(f"training steps ({model})\nand the share of time spent waiting for data")
     fig.savefig(png, dpi=110)
     plt.close(fig)
 

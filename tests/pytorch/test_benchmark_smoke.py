@@ -37,7 +37,7 @@ def test_classification_benchmark_smoke(tmp_path, data_root):
         assert "error" not in row, row
         # every timed epoch is a whole pass over the tiny train split (264 images)
         assert row["epochs"] >= 2 and row["images"] == 264 * row["epochs"] and row["img_s"] > 0, row
-    train = report["train_resnet50_amp"]
+    train = report["train"]
     assert [r["backend"] for r in train] == ["synthetic", "dali-cpu", "native"]
     assert all("error" not in r and r["img_s"] > 0 and 0 <= r["data_wait_share"] < 1 for r in train), train
     assert report["speedup_vs_native"]["torchvision decode_image + v2 (native)"] == pytest.approx(1.0)
