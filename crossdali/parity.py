@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DumpConfig", "DUMPERS", "ParityError", "dump", "compare", "load_dump"]
+__all__ = ["DumpConfig", "DUMPERS", "ParityError", "dump", "compare", "load_dump", "mark_session_started"]
 
 SPLITS = ("train", "val")
 #: Video clip batches (``crossdali.common.video``, NCFHW), dumped by the frameworks that have a video
@@ -223,11 +223,39 @@ def _first_difference(a: Batches, b: Batches) -> str | None:
     return None
 
 
-def compare(out_dir: Path, *, min_frameworks: int = 2) -> list[str]:
+def mark_session_started(out_dir: Path, framework: str, session: str) -> None:
+    """Note that ``session`` (a nox session) is about to produce ``framework``'s dump, and delete the
+    old dump: if the session fails before dumping, ``compare`` names it instead of comparing stale or
+    partial data (or failing on a follow-on error)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{framework}.npz").unlink(missing_ok=True)
+    (out_dir / f"{framework}.status").write_text(
+        f"the {session} session started at {time.strftime('%H:%M:%S')} but never wrote its parity dump: it failed "
+        f"before its last step (its own output above says where); fix that and run `nox -s {session} parity`\n")
+
+
+def _missing(out_dir: Path, expect: Iterable[str], present: set[str]) -> str | None:
+    """Why expected frameworks have no dump, from the markers their sessions left (or their absence)."""
+    reasons = []
+    for name in expect:
+        if name in present:
+            continue
+        status = Path(out_dir) / f"{name}.status"
+        reasons.append(f"{name}: " + (status.read_text().strip() if status.is_file() else
+                                      f"no {name} dump and no session started one (run `nox -s tests-{name}`)"))
+    return "; ".join(reasons) or None
+
+
+def compare(out_dir: Path, *, min_frameworks: int = 2, expect: Iterable[str] = ()) -> list[str]:
     """Compare every ``<framework>.npz`` in ``out_dir`` with the first; raise ``ParityError`` on the
-    first difference. Returns the frameworks compared."""
+    first difference. Returns the frameworks compared. Every framework in ``expect`` must have
+    dumped: a missing one is reported first, with the reason its session left behind."""
     paths = sorted(Path(out_dir).glob("*.npz"))
     paths = [p for p in paths if not p.name.startswith(".")]
+    missing = _missing(out_dir, expect, {p.stem for p in paths})
+    if missing:
+        raise ParityError(f"missing framework dump(s), nothing was compared. {missing}")
     if len(paths) < min_frameworks:
         raise ParityError(f"{len(paths)} framework dump(s) in {out_dir} ({', '.join(p.stem for p in paths) or 'none'}); "
                           f"need at least {min_frameworks}: run `python -m crossdali.parity dump --framework NAME "
@@ -272,6 +300,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="compare all dumps in a folder, bit for bit")
     c.add_argument("out", type=Path)
     c.add_argument("--min-frameworks", type=int, default=2)
+    c.add_argument("--expect", default="", help="comma-separated frameworks that must have dumped (e.g. pytorch,mxnet)")
+    m = sub.add_parser("mark", help="note that a session is about to dump (nox calls this first)")
+    m.add_argument("out", type=Path)
+    m.add_argument("--framework", required=True, choices=sorted(DUMPERS))
+    m.add_argument("--session", required=True)
     return parser
 
 
@@ -296,8 +329,11 @@ def main(args: argparse.Namespace) -> None:
         path = dump(args.framework, args.out, cfg)
         print(f"parity: wrote {path}")
         return
+    if args.command == "mark":
+        mark_session_started(args.out, args.framework, args.session)
+        return
     try:
-        names = compare(args.out, min_frameworks=args.min_frameworks)
+        names = compare(args.out, min_frameworks=args.min_frameworks, expect=[x for x in args.expect.split(",") if x])
     except ParityError as e:
         print(f"parity FAILED: {e}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crossdali.parity import ParityError, compare, load_dump
+from crossdali.parity import ParityError, compare, load_dump, mark_session_started
 
 pytestmark = pytest.mark.parity
 
@@ -85,6 +85,25 @@ def test_fewer_than_two_frameworks_fails(two_dumps):
     (two_dumps / "b.npz").unlink()
     with pytest.raises(ParityError, match="1 framework dump"):
         compare(two_dumps)
+
+
+def test_failed_session_named_before_any_comparison(two_dumps):
+    """A framework session that failed before its dump (CI: PyTorch's tests timed out) is named with
+    its session, not hidden behind a follow-on comparison error of the dumps that do exist."""
+    mark_session_started(two_dumps, "pytorch", "tests-pytorch")
+    with pytest.raises(ParityError, match=r"missing framework dump.*pytorch: the tests-pytorch session started .* "
+                                          r"never wrote its parity dump.*nox -s tests-pytorch parity"):
+        compare(two_dumps, expect=["a", "pytorch"])
+    with pytest.raises(ParityError, match=r"mxnet: no mxnet dump and no session started one"):
+        compare(two_dumps, expect=["a", "mxnet"])
+    assert compare(two_dumps, expect=["a", "b"]) == ["a", "b"]
+
+
+def test_marking_deletes_the_old_dump(two_dumps):
+    mark_session_started(two_dumps, "b", "tests-b")
+    assert not (two_dumps / "b.npz").exists()
+    with pytest.raises(ParityError, match="b: the tests-b session started"):
+        compare(two_dumps, expect=["a", "b"])
 
 
 def test_real_framework_dumps_identical():
