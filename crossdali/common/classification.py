@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crossdali.common.sources import DataSource
+from crossdali.common.options import PipelineOptions
+from crossdali.common.sources import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY, DataSource
 
 __all__ = [
     "READER_NAME",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
-    "PipelineOptions",
+    "PipelineOptions",  # defined in crossdali.common.options; re-exported for the pipelines' callers
     "ClassificationTransform",
     "create_classification_pipeline",
 ]
@@ -35,50 +36,6 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 # reallocate (values from DALI's RN50 example; harmless elsewhere).
 _DEVICE_MEMORY_PADDING = 211_025_920
 _HOST_MEMORY_PADDING = 140_544_512
-
-
-@dataclass(frozen=True)
-class PipelineOptions:
-    """How a pipeline runs: where, how many threads, which shard, which seed.
-
-    ``shard_id``/``num_shards`` must come from the GLOBAL rank and world size
-    (``crossdali.common.distributed.detect_distributed``). ``seed`` fixes both the shuffle and
-    the augmentation; each shard derives its augmentation seed from it so shards differ.
-    ``hw_decoder_load`` is the share of JPEGs sent to the hardware JPEG decoder (A100/H100);
-    1.0 measured fastest on an H100 with few CPU threads (results/classification_gpu.json).
-    """
-
-    batch_size: int = 256
-    device: str = "cpu"
-    device_id: int | None = None
-    num_threads: int = 4
-    seed: int = 0
-    shard_id: int = 0
-    num_shards: int = 1
-    prefetch_queue_depth: int = 2
-    hw_decoder_load: float = 1.0
-    initial_fill: int = 1024
-
-    def __post_init__(self) -> None:
-        if self.device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {self.device!r}")
-        if self.device == "gpu" and self.device_id is None:
-            raise ValueError("device='gpu' needs device_id (the local GPU index, e.g. the local rank)")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
-        if self.num_threads < 1:
-            raise ValueError(f"num_threads must be positive, got {self.num_threads}")
-        if self.num_shards < 1 or not 0 <= self.shard_id < self.num_shards:
-            raise ValueError(f"shard_id must be in [0, num_shards={self.num_shards}), got {self.shard_id}")
-        if not 0.0 <= self.hw_decoder_load <= 1.0:
-            raise ValueError(f"hw_decoder_load must be in [0, 1], got {self.hw_decoder_load}")
-        if self.prefetch_queue_depth < 1:
-            raise ValueError(f"prefetch_queue_depth must be positive, got {self.prefetch_queue_depth}")
-
-    @property
-    def pipeline_device_id(self) -> int | None:
-        """``device_id`` for ``Pipeline``: ``None`` in CPU mode, so no CUDA context is created."""
-        return self.device_id if self.device == "gpu" else None
 
 
 @dataclass(frozen=True)
@@ -118,15 +75,14 @@ def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
                     pad_last_batch=True, seed=opts.seed)
     if source.format in ("imagefolder", "filelist"):
         # shuffle_after_epoch: a global reshuffle every epoch with the same seed on every shard,
-        # so shards stay disjoint (random_shuffle only shuffles inside a shard's buffer).
-        jpegs, labels = fn.readers.file(files=list(source.files), labels=list(source.labels),
-                                        shuffle_after_epoch=train, **sharding)
+        # so shards stay disjoint (random_shuffle only shuffles inside a shard's buffer). Its own
+        # seed argument: without it DALI uses a fixed seed and every run has the same order.
+        shuffle = dict(shuffle_after_epoch=True, shuffle_after_epoch_seed=opts.seed) if train else {}
+        jpegs, labels = fn.readers.file(files=list(source.files), labels=list(source.labels), **shuffle, **sharding)
     else:
         shuffle = dict(random_shuffle=train, initial_fill=opts.initial_fill)
         if source.format == "tfrecord":
             import nvidia.dali.tfrecord as tfrec
-
-            from crossdali.common.sample_data.formats import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY
 
             features = {
                 TFRECORD_IMAGE_KEY: tfrec.FixedLenFeature((), tfrec.string, ""),
@@ -198,9 +154,7 @@ def create_classification_pipeline(
     )
     dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT
 
-    @pipeline_def(batch_size=opts.batch_size, num_threads=opts.num_threads,
-                  device_id=opts.pipeline_device_id, seed=opts.seed + 1_000_003 * opts.shard_id,
-                  prefetch_queue_depth=opts.prefetch_queue_depth)
+    @pipeline_def(**opts.pipeline_kwargs())
     def classification_pipeline():
         jpegs, labels = _reader(source, train=train, opts=opts)
         if train:

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crossdali.common.anchors import BOX_CODER_STDS, ssd300_default_boxes
-from crossdali.common.classification import IMAGENET_MEAN, IMAGENET_STD, PipelineOptions
-from crossdali.common.sources import DataError
+from crossdali.common.classification import IMAGENET_MEAN, IMAGENET_STD
+from crossdali.common.options import PipelineOptions
+from crossdali.common.sources import DataError, explain_files_failure
 
 __all__ = [
     "READER_NAME",
@@ -42,6 +43,7 @@ __all__ = [
     "DetectionTransform",
     "resolve_detection_source",
     "create_detection_pipeline",
+    "explain_detection_failure",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,11 @@ class DetectionSource:
     def num_classes(self) -> int:
         """Foreground classes; the model needs ``num_classes + 1`` outputs (0 = background)."""
         return len(self.categories)
+
+    @property
+    def num_samples(self) -> int:
+        """Images per epoch (the loader contract's name for ``num_images``)."""
+        return self.num_images
 
     @property
     def label_to_category(self) -> dict[int, int]:
@@ -211,6 +218,14 @@ class DetectionTransform:
         return [round(m) for m in self.mean]
 
 
+def explain_detection_failure(source: DetectionSource, error: Exception) -> Exception:
+    """DALI's anonymous decoder failure as a ``DataError`` naming the image file (the COCO reader's
+    files are those the annotation file lists)."""
+    coco = json.loads(source.annotations_file.read_text(encoding="utf-8"))
+    files = [str(source.file_root / im["file_name"]) for im in coco["images"]]
+    return explain_files_failure(error, files=files, where=str(source.annotations_file))
+
+
 def _padded(x, fill):
     """Pad a per-sample list (boxes (n, 4), labels (n,)) to the longest in the batch."""
     from nvidia.dali import fn
@@ -233,12 +248,13 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
     if anchors is None:
         raise ValueError(f"SSD300's default boxes are defined for size 300, got {t.size}")
 
-    @pipeline_def(batch_size=opts.batch_size, num_threads=opts.num_threads, device_id=opts.pipeline_device_id,
-                  seed=opts.seed + 1_000_003 * opts.shard_id, prefetch_queue_depth=opts.prefetch_queue_depth)
+    @pipeline_def(**opts.pipeline_kwargs())
     def detection_pipeline():
         outs = fn.readers.coco(
             file_root=str(source.file_root), annotations_file=str(source.annotations_file), ltrb=True, ratio=True,
-            skip_empty=source.skip_empty, include_iscrowd=False, image_ids=not train, shuffle_after_epoch=train,
+            skip_empty=source.skip_empty, include_iscrowd=False, image_ids=not train,
+            # a global reshuffle every epoch, seeded (DALI's default seed is fixed: one order for every run)
+            **(dict(shuffle_after_epoch=True, shuffle_after_epoch_seed=opts.seed) if train else {}),
             shard_id=opts.shard_id, num_shards=opts.num_shards, pad_last_batch=True, seed=opts.seed,
             name=READER_NAME)
         jpegs, boxes, labels = outs[0], outs[1], outs[2]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "TFRECORD_IMAGE_KEY",
+    "TFRECORD_LABEL_KEY",
     "DataSource",
     "DataError",
     "IMAGE_EXTENSIONS",
@@ -24,6 +26,7 @@ __all__ = [
     "check_image_headers",
     "find_undecodable",
     "explain_decode_failure",
+    "explain_files_failure",
 ]
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,10 @@ _DECODABLE_MAGIC = {
 _UNSUPPORTED_MAGIC = {b"GIF87a": "GIF", b"GIF89a": "GIF", b"%PDF": "PDF", b"<": "HTML/XML text"}
 
 FORMATS = ("imagefolder", "filelist", "tfrecord", "recordio")
+
+#: TFRecord features crossdali reads (and its sample set writes): ImageNet's TFRecord convention.
+TFRECORD_IMAGE_KEY = "image/encoded"
+TFRECORD_LABEL_KEY = "image/class/label"
 
 
 class DataError(ValueError):
@@ -256,15 +263,22 @@ def find_undecodable(files: tuple[str, ...] | list[str], *, threads: int = 16) -
 
 def explain_decode_failure(source: DataSource, error: Exception) -> Exception:
     """Turn DALI's anonymous decoder failure into a ``DataError`` naming the bad file."""
+    where = ", ".join(source.paths or source.files[:1]) or str(source.root)
+    return explain_files_failure(error, files=source.files, where=where)
+
+
+def explain_files_failure(error: Exception, *, files: tuple[str, ...] | list[str], where: str) -> Exception:
+    """``error`` as a ``DataError`` naming the first of ``files`` that cannot be decoded, if DALI's
+    message is a decoder failure (``where`` names the data when no single file is to blame);
+    any other error is returned unchanged."""
     message = str(error)
     if "decoder" not in message and "nvImageCodec" not in message:
         return error
-    if source.files:
-        log.warning("DALI failed to decode an image; checking %d files to find it...", len(source.files))
-        found = find_undecodable(source.files)
+    if files:
+        log.warning("DALI failed to decode an image; checking %d files to find it...", len(files))
+        found = find_undecodable(files)
         if found is not None:
             path, reason = found
             return DataError(f"{path} cannot be decoded ({reason}); re-encode or remove it. DALI said: "
                              + message.strip().splitlines()[-1])
-    where = ", ".join(source.paths or source.files[:1]) or str(source.root)
     return DataError(f"an image in {where} cannot be decoded; DALI said: {message.strip()}")

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from crossdali.common.classification import PipelineOptions
+from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import DataError, DataSource, read_file_list
 
 __all__ = [
@@ -153,9 +153,16 @@ class OpticalFlowUnavailable(RuntimeError):
     """``fn.optical_flow`` cannot run here: it needs an NVIDIA GPU with the optical-flow engine."""
 
 
-def reencode_hint(path: str | Path, *, fps: float | None = None) -> str:
-    from crossdali.common.sample_data.video import reencode_command  # defer: light import
+def reencode_command(src: str | Path, *, fps: int = 25) -> str:
+    """The command that turns ``src`` into a constant-frame-rate VP9 WebM that DALI reads on CPU and GPU."""
+    dst = Path(src).with_suffix(".webm")
+    if dst == Path(src):
+        dst = Path(src).with_name(Path(src).stem + "_cfr.webm")
+    return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps}   "
+            f"(or: ffmpeg -i {src} -vf fps={fps} -c:v libvpx-vp9 -crf 32 -b:v 0 -an {dst})")
 
+
+def reencode_hint(path: str | Path, *, fps: float | None = None) -> str:
     return reencode_command(path, fps=round(fps) if fps else 25)
 
 
@@ -321,9 +328,7 @@ def create_clip_pipeline(
         check_videos(source.files, device=opts.device, transform=t)
     dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT
 
-    @pipeline_def(batch_size=opts.batch_size, num_threads=opts.num_threads,
-                  device_id=opts.pipeline_device_id, seed=opts.seed + 1_000_003 * opts.shard_id,
-                  prefetch_queue_depth=opts.prefetch_queue_depth)
+    @pipeline_def(**opts.pipeline_kwargs())
     def clip_pipeline():
         out = _video_reader(source.files, source.labels, sequence_length=t.sequence_length, stride=t.stride,
                             step=t.clip_step, shuffle=train, opts=opts, frame_num=with_frame_num)

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from crossdali.common.classification import PipelineOptions
 from crossdali.common.detection import (
     DEBUG_OUTPUTS,
     READER_NAME,
@@ -29,46 +27,21 @@ from crossdali.common.detection import (
     DetectionSource,
     DetectionTransform,
     create_detection_pipeline,
+    explain_detection_failure,
     resolve_detection_source,
 )
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
+from crossdali.common.epochs import LastBatchPolicy
+from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataError
+from crossdali.pytorch.boxes import BoxCoder
+from crossdali.pytorch.loaders import DALILoader, NativeLoader, ShardSampler, require_cuda
 
-__all__ = ["DETECTION_BACKENDS", "create_detection_loader", "DALIDetectionLoader", "NativeDetectionDataset"]
+__all__ = ["DETECTION_BACKENDS", "create_detection_loader", "NativeDetectionDataset"]
 
 log = logging.getLogger(__name__)
 
 DETECTION_BACKENDS = ("dali-gpu", "dali-cpu", "native")
-
-
-class DALIDetectionLoader:
-    """DALI's PyTorch iterator over the shared detection pipeline: plain tuples, empty batches skipped."""
-
-    def __init__(self, source: DetectionSource, *, train: bool, options: PipelineOptions,
-                 transform: DetectionTransform, policy: LastBatchPolicy, debug: bool = False) -> None:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator  # defer: DALI's torch plugin
-
-        self.source, self.batch_size, self.policy = source, options.batch_size, policy
-        self.num_classes = source.num_classes
-        self.names = (TRAIN_OUTPUTS + (DEBUG_OUTPUTS if debug else ())) if train else VAL_OUTPUTS
-        self._len = batches_per_epoch(source.num_images, batch_size=options.batch_size,
-                                      num_shards=options.num_shards, policy=policy)
-        pipe = create_detection_pipeline(source, train=train, options=options, transform=transform, debug=debug)
-        self._iter = DALIGenericIterator([pipe], list(self.names), reader_name=READER_NAME,
-                                         last_batch_policy=policy, auto_reset=True)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        for batch in self._iter:
-            out = batch[0]
-            if out["images"].shape[0] == 0:
-                continue  # a shard shorter than the longest one ends with an empty batch
-            if "image_ids" in out:
-                out["image_ids"] = out["image_ids"].view(-1)
-            yield tuple(out[n] for n in self.names)
 
 
 def _read_coco(source: DetectionSource) -> list[tuple[Path, int, list, list]]:
@@ -98,7 +71,6 @@ class NativeDetectionDataset(torch.utils.data.Dataset):
     def __init__(self, source: DetectionSource, *, train: bool, transform: DetectionTransform | None = None) -> None:
         from torchvision.transforms import v2
 
-        from crossdali.detection_ssd.model import BoxCoder
 
         t = transform or DetectionTransform()
         self.items, self.train, self.size = _read_coco(source), train, t.size
@@ -158,18 +130,6 @@ def _collate_val(batch):
     return images, boxes, labels, torch.tensor([b[3] for b in batch], dtype=torch.int64)
 
 
-class _NativeLoader:
-    def __init__(self, loader, source: DetectionSource) -> None:
-        self.loader, self.source, self.num_classes = loader, source, source.num_classes
-        self.batch_size = loader.batch_size
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        return iter(self.loader)
-
-
 def create_detection_loader(
     data: str | Path | DetectionSource,
     *,
@@ -184,42 +144,37 @@ def create_detection_loader(
     transform: DetectionTransform | None = None,
     last_batch: str | None = None,
     debug: bool = False,
+    checkpointing: bool = False,
 ):
     """An iterable of SSD300 train or val batches (see the module docstring) over a COCO-format folder.
 
     ``data`` is a folder with ``annotations/instances_{train,val}.json`` and ``{train,val}/`` (or a
     resolved ``DetectionSource``). ``dist`` shards by the global rank; ``workers`` is DALI's thread
     count or the DataLoader's worker count. The result has ``len()``, ``batch_size``, ``num_classes``
-    and ``source``. ``debug`` (DALI train only) adds ``DEBUG_OUTPUTS`` to each batch.
+    and ``source``. ``debug`` (DALI train only) adds ``DEBUG_OUTPUTS`` to each batch. ``checkpointing``
+    lets ``state_dict()`` save DALI's position inside an epoch.
     """
-    if backend not in DETECTION_BACKENDS:
-        raise ValueError(f"backend must be one of {DETECTION_BACKENDS}, got {backend!r}")
-    dist = dist or DistInfo()
-    split = "train" if train else "val"
-    source = data if isinstance(data, DetectionSource) else resolve_detection_source(data, split)
+    plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,
+                         source_type=DetectionSource, resolve=resolve_detection_source, batch_size=batch_size,
+                         dist=dist, last_batch=last_batch, what="detection")
+    source, dist = plan.source, plan.dist
     transform = transform or DetectionTransform()
-    policy = choose_last_batch_policy(train=train, num_shards=dist.world_size, policy=last_batch)
-    if dist.is_main:
-        log_epoch_plan(f"detection {split} ({backend}, {source.annotations_file})", source.num_images,
-                       batch_size=batch_size, num_shards=dist.world_size, policy=policy)
     if backend == "native":
-        from crossdali.pytorch.loaders import _ShardSampler  # the sharding rule of the classification loader
-
         dataset = NativeDetectionDataset(source, train=train, transform=transform)
-        sampler = _ShardSampler(len(dataset), rank=dist.rank, world=dist.world_size, shuffle=train, seed=seed,
-                                batch_size=batch_size, policy=policy)
+        sampler = ShardSampler(len(dataset), rank=dist.rank, world=dist.world_size, shuffle=train, seed=seed,
+                               batch_size=batch_size, policy=plan.policy)
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
-            pin_memory=torch.cuda.is_available(), drop_last=policy == LastBatchPolicy.DROP,
+            pin_memory=torch.cuda.is_available(), drop_last=plan.policy == LastBatchPolicy.DROP,
             collate_fn=None if train else _collate_val)
-        return _NativeLoader(loader, source)
-    device = "gpu" if backend == "dali-gpu" else "cpu"
-    if device == "gpu" and not torch.cuda.is_available():
-        raise RuntimeError("--data-backend dali-gpu needs a CUDA GPU and none is visible; use dali-cpu")
-    options = PipelineOptions(
-        batch_size=batch_size, device=device,
-        device_id=(device_id if device_id is not None else dist.local_rank) if device == "gpu" else None,
-        num_threads=max(1, workers), seed=seed, shard_id=dist.rank, num_shards=dist.world_size,
-        hw_decoder_load=hw_decoder_load)
-    return DALIDetectionLoader(source, train=train, options=options, transform=transform, policy=policy,
-                               debug=debug and train)
+        return NativeLoader(loader, sampler, num_classes=source.num_classes, source=source)
+    require_cuda(backend)
+    debug = debug and train
+    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
+                                    checkpointing=checkpointing)
+    names = (TRAIN_OUTPUTS + (DEBUG_OUTPUTS if debug else ())) if train else VAL_OUTPUTS
+    return DALILoader(plan, options,
+                      lambda opts: create_detection_pipeline(source, train=train, options=opts, transform=transform,
+                                                             debug=debug),
+                      names=names, reader_name=READER_NAME, flatten=("image_ids",),
+                      explain=lambda e: explain_detection_failure(source, e))

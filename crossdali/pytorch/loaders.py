@@ -1,4 +1,5 @@
-"""``create_classification_loader``: (images, labels) torch batches from any backend.
+"""``create_classification_loader``: (images, labels) torch batches from any backend, and the
+loader classes the detection and video factories share.
 
 Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
 
@@ -8,70 +9,200 @@ Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
 - ``native``: torchvision ``decode_image`` + the v2 preset in a ``DataLoader`` (the baseline).
 - ``synthetic``: one random batch repeated, to measure the model without any input pipeline.
 
-Every backend yields ``images`` (N, C, H, W) float and ``labels`` (N,) int64 and honours the
-same epoch rules (``crossdali.common.epochs``).
+Every backend yields ``images`` (N, C, H, W) float and ``labels`` (N,) int64, honours the same
+epoch rules (``crossdali.common.epochs``) and implements the loader contract
+(``crossdali.common.loaders.Loader``: ``len``, ``batch_size``, ``num_classes``, ``state_dict``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from crossdali.common.classification import (
-    READER_NAME,
-    ClassificationTransform,
-    PipelineOptions,
-    create_classification_pipeline,
-)
+from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
+from crossdali.common.epochs import LastBatchPolicy
+from crossdali.common.loaders import SplitPlan, prepare_split
+from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
-__all__ = ["BACKENDS", "create_classification_loader", "DALIClassificationLoader"]
+__all__ = ["BACKENDS", "create_classification_loader", "DALILoader", "NativeLoader", "ShardSampler",
+           "SyntheticLoader"]
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("dali-gpu", "dali-cpu", "native", "synthetic")
 
 
-class DALIClassificationLoader:
-    """Wraps DALI's PyTorch iterator: plain ``(images, labels)`` tuples, empty batches skipped,
-    decoder failures turned into errors that name the file."""
+def require_cuda(backend: str, hint: str = "use dali-cpu") -> None:
+    if backend == "dali-gpu" and not torch.cuda.is_available():
+        raise RuntimeError(f"--data-backend dali-gpu needs a CUDA GPU and none is visible; {hint}")
 
-    def __init__(self, source: DataSource, *, train: bool, options: PipelineOptions,
-                 transform: ClassificationTransform, policy: LastBatchPolicy) -> None:
-        from nvidia.dali.plugin.pytorch import DALIClassificationIterator  # defer: DALI's torch plugin
 
-        self.source = source
-        self.batch_size = options.batch_size
-        self.num_classes = source.num_classes
-        self.policy = policy
-        self._len = batches_per_epoch(source.num_samples, batch_size=options.batch_size,
-                                      num_shards=options.num_shards, policy=policy)
-        pipe = create_classification_pipeline(source, train=train, options=options, transform=transform)
-        self._iter = DALIClassificationIterator([pipe], reader_name=READER_NAME,
-                                                last_batch_policy=policy, auto_reset=True)
+class DALILoader:
+    """DALI's PyTorch iterator over one of the shared pipelines: plain tuples of tensors (the
+    ``names`` outputs, those in ``flatten`` reshaped to (N,)), a shard's padding-only last batch
+    skipped, DALI's failures turned into errors that name the file (``explain``).
+
+    Built with ``options.checkpointing``, ``state_dict()`` carries DALI's pipeline checkpoint
+    (reader position, shuffle and augmentation state) so a restored loader continues the epoch
+    with exactly the batches the uninterrupted one would have given.
+    """
+
+    def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
+                 names: tuple[str, ...], reader_name: str, explain: Callable[[Exception], Exception],
+                 flatten: tuple[str, ...] = ("labels",)) -> None:
+        self.plan, self.source, self.policy = plan, plan.source, plan.policy
+        self.batch_size, self.num_classes = options.batch_size, plan.num_classes
+        self.names, self.flatten, self.epoch = names, flatten, 0
+        self._options, self._build, self._reader_name, self._explain = options, build, reader_name, explain
+        self._iter = self._make_iterator(options)
+
+    def _make_iterator(self, options: PipelineOptions):
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator  # defer: DALI's torch plugin
+
+        try:
+            return DALIGenericIterator([self._build(options)], list(self.names), reader_name=self._reader_name,
+                                       last_batch_policy=self.policy, auto_reset=True)
+        except RuntimeError as e:  # the iterator runs the first batch: a bad file fails here
+            raise self._explain(e) from e
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per epoch over all shards (clips for video)."""
+        return self.plan.num_samples
+
+    def __len__(self) -> int:
+        return self.plan.batches_per_epoch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        while True:
+            try:  # next() on DALI's iterator, not iter(): iter() mid-epoch asks for a reset it refuses
+                batch = next(self._iter)[0]
+            except StopIteration:
+                break
+            except RuntimeError as e:
+                raise self._explain(e) from e
+            if batch[self.names[0]].shape[0] == 0:
+                continue  # a shard shorter than the longest one ends with an empty batch
+            yield tuple(batch[n].view(-1) if n in self.flatten else batch[n] for n in self.names)
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        state = {"epoch": self.epoch}
+        if self._options.checkpointing:
+            state["dali"] = self._iter.checkpoints()[0]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        if "dali" not in state:
+            log.warning("loader state without a DALI checkpoint: epoch counter restored, but the data order "
+                        "starts again as in a fresh run (build the loader with checkpointing=True)")
+            return
+        if not self._options.checkpointing:
+            raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
+                             "checkpointing: pass checkpointing=True to the loader factory")
+        self._options = replace(self._options, checkpoint=state["dali"])
+        self._iter = self._make_iterator(self._options)
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """Contiguous shard ``rank`` of ``world``, shuffled per epoch when training.
+
+    Written here because torch's DistributedSampler pads shards with duplicates (drop_last=False)
+    or drops samples (drop_last=True); this one matches DALI's sharding instead: val sees every
+    sample exactly once across ranks, train under several ranks drops to equal batch counts.
+    ``epoch`` picks the permutation (the same on every rank); ``skip`` leaves out the first
+    samples of the epoch (a mid-epoch resume).
+    """
+
+    def __init__(self, n: int, *, rank: int, world: int, shuffle: bool, seed: int,
+                 batch_size: int, policy: LastBatchPolicy) -> None:
+        self.n, self.rank, self.world, self.shuffle, self.seed = n, rank, world, shuffle, seed
+        self.batch_size, self.policy, self.epoch, self.skip = batch_size, policy, 0, 0
+
+    def indices(self) -> list[int]:
+        order = torch.arange(self.n)
+        if self.shuffle:  # the same global permutation on every rank, as DALI's shuffle_after_epoch
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        lo, hi = self.rank * self.n // self.world, (self.rank + 1) * self.n // self.world
+        idx = order[lo:hi].tolist()
+        if self.policy == LastBatchPolicy.DROP:
+            keep = (self.n // self.world) // self.batch_size * self.batch_size
+            idx = idx[:keep]
+        return idx[self.skip:]
+
+    def __iter__(self):
+        return iter(self.indices())
+
+    def __len__(self) -> int:
+        return len(self.indices())
+
+
+class NativeLoader:
+    """A ``DataLoader`` over a ``ShardSampler``, with the loader contract: each ``for`` is the next
+    epoch (a new permutation for train), and ``state_dict`` records the epoch and the batches
+    consumed, so a restored loader resumes the same order mid-epoch (augmentation inside the
+    DataLoader's workers is not restored: it follows torch's worker seeding)."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, sampler: ShardSampler, *, num_classes: int,
+                 source, postprocess: Callable[[tuple], tuple] | None = None) -> None:
+        self.loader, self.sampler, self.source = loader, sampler, source
+        self.num_classes, self.batch_size = num_classes, loader.batch_size
+        self._post = postprocess or (lambda batch: tuple(batch))
+        self._consumed = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self._consumed += 1
+            yield self._post(batch)
+        self.sampler.epoch += 1
+        self.sampler.skip, self._consumed = 0, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.sampler.epoch, "batches": self._consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.epoch, self._consumed = int(state["epoch"]), int(state.get("batches", 0))
+        self.sampler.skip = self._consumed * self.batch_size
+
+
+class SyntheticLoader:
+    """One random batch, repeated: the upper bound a training loop reaches with free input."""
+
+    def __init__(self, *, num_batches: int, batch_size: int, crop_size: int, num_classes: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.images = torch.randn((batch_size, 3, crop_size, crop_size), generator=g).to(device=device, dtype=dtype)
+        self.labels = torch.randint(0, max(1, num_classes), (batch_size,), generator=g).to(device)
+        self.batch_size, self.num_classes, self.epoch = batch_size, num_classes, 0
+        self._len = max(1, num_batches)
 
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        it = iter(self._iter)
-        while True:
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            except RuntimeError as e:
-                raise explain_decode_failure(self.source, e) from e
-            images, labels = batch[0]["data"], batch[0]["label"]
-            if images.shape[0] == 0:
-                continue  # a shard shorter than the longest one ends with an empty batch
-            yield images, labels.view(-1)
+    def __iter__(self):
+        for _ in range(self._len):
+            yield self.images, self.labels
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
 
 
 class _FileDataset(torch.utils.data.Dataset):
@@ -93,73 +224,6 @@ class _FileDataset(torch.utils.data.Dataset):
         return self.transform(img), self.labels[i]
 
 
-class _ShardSampler(torch.utils.data.Sampler):
-    """Contiguous shard ``rank`` of ``world``, shuffled per epoch when training.
-
-    Written here because torch's DistributedSampler pads shards with duplicates (drop_last=False)
-    or drops samples (drop_last=True); this one matches DALI's sharding instead: val sees every
-    sample exactly once across ranks, train under several ranks drops to equal batch counts.
-    """
-
-    def __init__(self, n: int, *, rank: int, world: int, shuffle: bool, seed: int,
-                 batch_size: int, policy: LastBatchPolicy) -> None:
-        self.n, self.rank, self.world, self.shuffle, self.seed = n, rank, world, shuffle, seed
-        self.batch_size, self.policy, self.epoch = batch_size, policy, 0
-
-    def _indices(self) -> list[int]:
-        order = torch.arange(self.n)
-        if self.shuffle:  # the same global permutation on every rank, as DALI's shuffle_after_epoch
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        lo, hi = self.rank * self.n // self.world, (self.rank + 1) * self.n // self.world
-        idx = order[lo:hi].tolist()
-        if self.policy == LastBatchPolicy.DROP:
-            keep = (self.n // self.world) // self.batch_size * self.batch_size
-            idx = idx[:keep]
-        return idx
-
-    def __iter__(self):
-        idx = self._indices()
-        self.epoch += 1
-        return iter(idx)
-
-    def __len__(self) -> int:
-        return len(self._indices())
-
-
-class _SyntheticLoader:
-    """One random batch, repeated: the upper bound a training loop reaches with free input."""
-
-    def __init__(self, *, num_samples: int, batch_size: int, crop_size: int, num_classes: int,
-                 channels_last: bool, device: torch.device, dtype: torch.dtype) -> None:
-        g = torch.Generator().manual_seed(0)
-        shape = (batch_size, crop_size, crop_size, 3) if channels_last else (batch_size, 3, crop_size, crop_size)
-        self.images = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
-        if channels_last:
-            self.images = self.images.permute(0, 3, 1, 2)
-        self.labels = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
-        self.batch_size, self.num_classes = batch_size, num_classes
-        self._len = math.ceil(num_samples / batch_size)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self):
-        for _ in range(self._len):
-            yield self.images, self.labels
-
-
-class _NativeLoader:
-    def __init__(self, loader: torch.utils.data.DataLoader, num_classes: int, batch_size: int) -> None:
-        self.loader, self.num_classes, self.batch_size = loader, num_classes, batch_size
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        for images, labels in self.loader:
-            yield images, labels.view(-1).long()
-
-
 def create_classification_loader(
     data: str | Path | DataSource,
     *,
@@ -175,6 +239,7 @@ def create_classification_loader(
     dtype: str = "float32",
     hw_decoder_load: float = 1.0,
     last_batch: str | None = None,
+    checkpointing: bool = False,
 ):
     """An iterable of ``(images, labels)`` for the train or val split of ``data``.
 
@@ -182,27 +247,23 @@ def create_classification_loader(
     list, see ``crossdali.common.sources.resolve_source``) or an already resolved ``DataSource``.
     ``workers`` is DALI's thread count or the DataLoader's worker count. ``dist`` shards by the
     global rank (default: one process). ``device_id`` is the GPU for ``dali-gpu`` (default: the
-    local rank). ``last_batch`` overrides the epoch rule ('partial' | 'drop').
-    The result has ``len()`` (batches per epoch), ``batch_size`` and ``num_classes``.
+    local rank). ``last_batch`` overrides the epoch rule ('partial' | 'drop'). ``checkpointing``
+    lets ``state_dict()`` save DALI's position inside an epoch (mid-epoch resume).
+    The result implements ``crossdali.common.loaders.Loader``.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    dist = dist or DistInfo()
-    split = "train" if train else "val"
-    source = data if isinstance(data, DataSource) else resolve_source(data, split, format=data_format)
+    plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
+                         resolve=lambda d, split: resolve_source(d, split, format=data_format),
+                         batch_size=batch_size, dist=dist, last_batch=last_batch)
+    source, dist = plan.source, plan.dist
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype)
-    policy = choose_last_batch_policy(train=train, num_shards=dist.world_size, policy=last_batch)
-    if dist.is_main:
-        log_epoch_plan(f"{split} ({backend}, {source.format} at {source.root})", source.num_samples,
-                       batch_size=batch_size, num_shards=dist.world_size, policy=policy)
 
     if backend == "synthetic":
         on_gpu = torch.cuda.is_available()
-        device = torch.device("cuda", device_id if device_id is not None else dist.local_rank) if on_gpu else torch.device("cpu")
-        per_shard = source.num_samples // dist.world_size
-        return _SyntheticLoader(num_samples=per_shard, batch_size=batch_size, crop_size=crop_size,
-                                num_classes=source.num_classes, channels_last=False, device=device,
-                                dtype=torch.float16 if dtype == "float16" else torch.float32)
+        device = torch.device("cuda", device_id if device_id is not None else dist.local_rank) if on_gpu \
+            else torch.device("cpu")
+        return SyntheticLoader(num_batches=plan.batches_per_epoch, batch_size=batch_size, crop_size=crop_size,
+                               num_classes=source.num_classes, device=device,
+                               dtype=torch.float16 if dtype == "float16" else torch.float32)
     if backend == "native":
         from crossdali.pytorch.presets import ClassificationPresetEval, ClassificationPresetTrain
 
@@ -210,20 +271,19 @@ def create_classification_loader(
             raise DataError(f"the native PyTorch backend reads image files; {source.root} holds {source.format} "
                             "records. Use --data-backend dali-cpu/dali-gpu, or point --data at an ImageFolder.")
         preset = (ClassificationPresetTrain if train else ClassificationPresetEval)(transform=transform)
-        sampler = _ShardSampler(source.num_samples, rank=dist.rank, world=dist.world_size, shuffle=train,
-                                seed=seed, batch_size=batch_size, policy=policy)
+        sampler = ShardSampler(source.num_samples, rank=dist.rank, world=dist.world_size, shuffle=train,
+                               seed=seed, batch_size=batch_size, policy=plan.policy)
         loader = torch.utils.data.DataLoader(
             _FileDataset(source, preset), batch_size=batch_size, sampler=sampler, num_workers=workers,
             pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
-            drop_last=policy == LastBatchPolicy.DROP)
-        return _NativeLoader(loader, source.num_classes, batch_size)
+            drop_last=plan.policy == LastBatchPolicy.DROP)
+        return NativeLoader(loader, sampler, num_classes=source.num_classes, source=source,
+                            postprocess=lambda b: (b[0], b[1].view(-1).long()))
 
-    device = "gpu" if backend == "dali-gpu" else "cpu"
-    if device == "gpu" and not torch.cuda.is_available():
-        raise RuntimeError("--data-backend dali-gpu needs a CUDA GPU and none is visible; use dali-cpu")
-    options = PipelineOptions(
-        batch_size=batch_size, device=device,
-        device_id=(device_id if device_id is not None else dist.local_rank) if device == "gpu" else None,
-        num_threads=max(1, workers), seed=seed, shard_id=dist.rank, num_shards=dist.world_size,
-        hw_decoder_load=hw_decoder_load)
-    return DALIClassificationLoader(source, train=train, options=options, transform=transform, policy=policy)
+    require_cuda(backend)
+    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
+                                    checkpointing=checkpointing)
+    return DALILoader(plan, options,
+                      lambda opts: create_classification_pipeline(source, train=train, options=opts, transform=transform),
+                      names=("images", "labels"), reader_name=READER_NAME,
+                      explain=lambda e: explain_decode_failure(source, e))

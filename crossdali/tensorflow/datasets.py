@@ -346,7 +346,7 @@ def _native_val_image(jpeg: tf.Tensor, t: ClassificationTransform) -> tf.Tensor:
 
 
 def _parse_tfrecord(record: tf.Tensor):
-    from crossdali.common.sample_data.formats import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY
+    from crossdali.common.sources import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY
 
     ex = tf.io.parse_single_example(record, {
         TFRECORD_IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),

@@ -79,7 +79,7 @@ def test_box_encoder_round_trip(detection_root):
     """DALI encodes, crossdali's BoxCoder decodes: matched anchors give back their ground-truth boxes,
     and BoxCoder.encode (the native path) assigns exactly the same labels as DALI."""
     torch = pytest.importorskip("torch")
-    from crossdali.detection_ssd.model import BoxCoder
+    from crossdali.pytorch.boxes import BoxCoder
 
     src = resolve_detection_source(detection_root, "train")
     pipe = create_detection_pipeline(src, train=True, options=PipelineOptions(batch_size=16, num_threads=2, seed=5),

@@ -111,7 +111,7 @@ def test_val_exactly_once_over_two_shards(tiny_video, assert_epoch_coverage):
         loader = create_video_loader(src, train=False, batch_size=4, sequence_length=8, stride=2, step=8,
                                      crop_size=32, workers=2, dist=DistInfo(rank=rank, world_size=2),
                                      with_frame_num=True)
-        assert loader.num_clips == len(ids)
+        assert loader.num_samples == len(ids)
         shard = []
         for _, labels, frame_num in loader:
             shard += [ids[(int(lbl), int(f))] for lbl, f in zip(labels, frame_num, strict=True)]

@@ -31,7 +31,7 @@ def test_gpu_clips_vp9_and_h264(gpu_video, codec_dir):
         assert clips.is_cuda and tuple(clips.shape[1:]) == (3, 8, 48, 48) and labels.shape == (clips.shape[0],)
         assert torch.isfinite(clips).all()
         n += clips.shape[0]
-    assert n == loader.num_clips > 0
+    assert n == loader.num_samples > 0
 
 
 @pytest.mark.gpu

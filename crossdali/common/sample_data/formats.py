@@ -16,15 +16,13 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
+from crossdali.common.sources import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY  # the format the pipelines read
+
 __all__ = [
-    "TFRECORD_IMAGE_KEY",
-    "TFRECORD_LABEL_KEY",
     "write_tfrecord",
     "write_recordio",
 ]
 
-TFRECORD_IMAGE_KEY = "image/encoded"
-TFRECORD_LABEL_KEY = "image/class/label"
 
 # dmlc-core's RecordIO: every record is <magic><flag:3 bits | length:29 bits><payload><pad to 4>;
 # an image record's payload starts with mxnet's IRHeader (flag, label, id, id2).

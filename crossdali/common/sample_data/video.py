@@ -44,7 +44,6 @@ __all__ = [
     "VideoSampleConfig",
     "build_video",
     "ensure_video",
-    "reencode_command",
     "write_index_video",
     "write_video",
 ]
@@ -88,15 +87,6 @@ VIDEO_SIZES: dict[str, VideoSampleConfig] = {
     "small": VideoSampleConfig(),
     "bench": VideoSampleConfig(train_per_class=100, val_per_class=25, num_frames=96, side=224),
 }
-
-
-def reencode_command(src: str | Path, *, fps: int = 25) -> str:
-    """The command that turns ``src`` into a constant-frame-rate VP9 WebM that DALI reads on CPU and GPU."""
-    dst = Path(src).with_suffix(".webm")
-    if dst == Path(src):
-        dst = Path(src).with_name(Path(src).stem + "_cfr.webm")
-    return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps}   "
-            f"(or: ffmpeg -i {src} -vf fps={fps} -c:v libvpx-vp9 -crf 32 -b:v 0 -an {dst})")
 
 
 def write_video(path: str | Path, frames: np.ndarray | Sequence[np.ndarray], *, fps: int = 25, codec: str = "vp9",
