@@ -1,17 +1,188 @@
-"""``crossdali`` command: ``crossdali make-data [...]`` builds the embedded sample datasets."""
+"""The ``crossdali`` command (also ``python -m crossdali``): one entry point for what a user reaches for.
+
+    crossdali info                                  what is installed, what --data-backend auto picks here
+    crossdali make-data [--kind K] [--size S]       build the embedded sample datasets
+    crossdali check DATA                            find bad samples before training
+    crossdali train TASK [--framework F] [...]      run a training script (its own flags follow)
+    crossdali plot RUN_DIR                          curves of a run (loss, top-1, images/s, data wait)
+    crossdali bench NAME [...]                      a benchmark script of the source checkout
+
+Nothing heavy is imported before a command runs (``--help`` answers in well under a second); each
+command imports only what it needs.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.util
 import sys
+from pathlib import Path
+
+__all__ = ["TRAIN_SCRIPTS", "FRAMEWORKS", "main", "get_args_parser"]
+
+#: (task, framework) -> the module whose ``get_args_parser``/``main`` ``crossdali train`` runs.
+TRAIN_SCRIPTS: dict[tuple[str, str], str] = {
+    ("classification", "pytorch"): "crossdali.pytorch.train_classification",
+    ("classification", "tensorflow"): "crossdali.tensorflow.train_classification",
+    ("classification", "mxnet"): "crossdali.mxnet.train_classification",
+    ("classification", "jax"): "crossdali.jax.train_classification",
+    ("detection", "pytorch"): "crossdali.detection_ssd.train",
+    ("video", "pytorch"): "crossdali.video.train",
+    ("optical-flow", "pytorch"): "crossdali.video.optical_flow",
+}
+#: framework -> the module that must be importable for it (looked up, never imported, by ``info``/``train``).
+FRAMEWORKS = {"pytorch": "torch", "tensorflow": "tensorflow", "jax": "jax", "mxnet": "mxnet"}
+BENCHMARKS = ("classification_loaders", "detection_loaders", "video_decode", "multi_gpu", "check_speed", "tf_vs_torch")
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    commands = {"make-data": "crossdali.common.sample_data.__main__"}
-    if not argv or argv[0] not in commands:
-        print(f"usage: crossdali {{{','.join(commands)}}} [options]   (add --help after a command)", file=sys.stderr)
-        raise SystemExit(2)
-    import importlib
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, and the description's line breaks kept."""
 
-    module = importlib.import_module(commands[argv[0]])
-    module.main(module.get_args_parser().parse_args(argv[1:]))
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="crossdali", description=__doc__, formatter_class=_Formatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    sub.add_parser("info", help="DALI, GPUs, installed frameworks and what --data-backend auto picks",
+                   formatter_class=_Formatter)
+    sub.add_parser("make-data", help="build the embedded sample datasets", add_help=False)
+    sub.add_parser("check", help="check every sample of a dataset (report + exclusion list)", add_help=False)
+
+    train = sub.add_parser("train", help="run a training script: crossdali train TASK [--framework F] [script flags]",
+                           formatter_class=_Formatter,
+                           description="Runs the training script for TASK and FRAMEWORK with the flags that follow "
+                                       "(`crossdali train classification --help` shows the script's own flags).")
+    train.add_argument("task", choices=sorted({t for t, _ in TRAIN_SCRIPTS}))
+    train.add_argument("--framework", choices=list(FRAMEWORKS), default=None,
+                       help="default: the first installed of pytorch, tensorflow, jax, mxnet that has this task")
+
+    plot = sub.add_parser("plot", help="PNG of a run's curves from its metrics.jsonl", formatter_class=_Formatter)
+    plot.add_argument("run_dir", type=Path, help="a run folder (holds metrics.jsonl)")
+    plot.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN_DIR/curves.png)")
+
+    bench = sub.add_parser("bench", help="run a benchmark of the source checkout (benchmarks/NAME.py)",
+                           description="Runs benchmarks/NAME.py of the source checkout with the flags that follow "
+                                       "(`crossdali bench NAME --help` shows them).")
+    bench.add_argument("name", choices=BENCHMARKS)
+    return parser
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _default_framework(task: str) -> str:
+    for framework, module in FRAMEWORKS.items():
+        if (task, framework) in TRAIN_SCRIPTS and _installed(module):
+            return framework
+    have = [f for f in FRAMEWORKS if (task, f) in TRAIN_SCRIPTS]
+    raise SystemExit(f"crossdali train {task}: none of {', '.join(have)} is installed; install one, e.g. "
+                     "`pip install -r requirements/pytorch.txt -e .` from the source checkout")
+
+
+def _run_script(module_name: str, argv: list[str]) -> int:
+    module = importlib.import_module(module_name)
+    run = getattr(module, "run", None)  # scripts with their own error wrapper (one line + exit 2 for user errors)
+    if run is not None:
+        return run(argv) or 0
+    result = module.main(module.get_args_parser().parse_args(argv))
+    return result if isinstance(result, int) else 0
+
+
+def _train(args: argparse.Namespace, rest: list[str]) -> int:
+    framework = args.framework or _default_framework(args.task)
+    module = TRAIN_SCRIPTS.get((args.task, framework))
+    if module is None:
+        have = sorted(f for t, f in TRAIN_SCRIPTS if t == args.task)
+        raise SystemExit(f"crossdali train {args.task}: no {framework} script; this task exists for {', '.join(have)}")
+    if not _installed(FRAMEWORKS[framework]):
+        raise SystemExit(f"crossdali train {args.task} --framework {framework}: {framework} is not installed here "
+                         f"(`pip install -r requirements/{framework}.txt -e .` from the source checkout)")
+    sys.argv = [f"crossdali train {args.task} --framework {framework}", *rest]  # the script's usage line
+    return _run_script(module, rest)
+
+
+def _bench(name: str, rest: list[str]) -> int:
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "benchmarks" / f"{name}.py").is_file():
+        raise SystemExit(f"crossdali bench {name}: benchmarks/ ships with the source checkout, not with an installed "
+                         f"package; run it from a clone (python -m benchmarks.{name})")
+    sys.path.insert(0, str(root))
+    sys.argv = [f"crossdali bench {name}", *rest]
+    return _run_script(f"benchmarks.{name}", rest)
+
+
+def _take_framework(argv: list[str]) -> tuple[str | None, list[str]]:
+    """``--framework F`` (or ``--framework=F``) anywhere after the task, and the script's flags without it."""
+    framework, rest, i = None, [], 0
+    while i < len(argv):
+        if argv[i] == "--framework":
+            if i + 1 >= len(argv):
+                raise SystemExit(f"crossdali train: --framework needs a value ({', '.join(FRAMEWORKS)})")
+            framework, i = argv[i + 1], i + 2
+        elif argv[i].startswith("--framework="):
+            framework, i = argv[i].split("=", 1)[1], i + 1
+        else:
+            rest.append(argv[i])
+            i += 1
+    if framework is not None and framework not in FRAMEWORKS:
+        raise SystemExit(f"crossdali train: --framework {framework!r} is not one of {', '.join(FRAMEWORKS)}")
+    return framework, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = get_args_parser()
+    if not argv:
+        parser.print_help()
+        return 0
+    command, rest = argv[0], argv[1:]
+    asks_help = not rest or rest[0] in ("-h", "--help")
+    # commands whose flags belong to another parser: only the command (and its first word) is parsed here
+    if command == "make-data":
+        sys.argv = ["crossdali make-data", *rest]
+        return _run_script("crossdali.common.sample_data.__main__", rest)
+    if command == "check":
+        sys.argv = ["crossdali check", *rest]
+        return _run_script("crossdali.common.check", rest)
+    if command in ("train", "bench") and asks_help:
+        parser.parse_args([command, "--help"])  # prints the command's help and exits 0
+    if command == "train":
+        tasks = sorted({t for t, _ in TRAIN_SCRIPTS})
+        if rest[0] not in tasks:
+            raise SystemExit(f"crossdali train: unknown task {rest[0]!r}; choose one of {', '.join(tasks)}")
+        framework, script_args = _take_framework(rest[1:])
+        return _train(argparse.Namespace(task=rest[0], framework=framework), script_args)
+    if command == "bench":
+        if rest[0] not in BENCHMARKS:
+            raise SystemExit(f"crossdali bench: unknown benchmark {rest[0]!r}; choose one of {', '.join(BENCHMARKS)}")
+        return _bench(rest[0], rest[1:])
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        from crossdali.common.info import print_info  # defer: it imports DALI
+
+        print_info()
+        return 0
+    if args.command == "plot":
+        from crossdali.common.runs import plot_run  # defer: matplotlib
+
+        if not (args.run_dir / "metrics.jsonl").is_file():
+            raise SystemExit(f"crossdali plot: {args.run_dir} has no metrics.jsonl; pass a run folder "
+                             "(a training script's --output-dir, by default runs/<task>-<framework>-<arch>-<time>)")
+        print(plot_run(args.run_dir, out=args.out))
+        return 0
+    parser.print_help()
+    return 2
+
+
+def entry_point() -> None:
+    """Console-script entry: exit with main's code (2 and one line for a user's mistake)."""
+    try:
+        code = main()
+    except SystemExit as e:
+        if isinstance(e.code, str):  # a message for the user, not a traceback
+            print(e.code, file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+    raise SystemExit(code)

@@ -1,0 +1,65 @@
+"""The ``crossdali`` command: help without heavy imports, user mistakes as one line and exit 2, and
+``train`` reaching the real scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _crossdali(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               **env}
+    return subprocess.run([sys.executable, "-m", "crossdali", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=environ)
+
+
+@pytest.mark.parametrize("args", [(), ("--help",), ("train", "--help"), ("bench", "--help"), ("plot", "--help")])
+def test_help_lists_commands_and_imports_no_framework(args):
+    code = ("import sys\nfrom crossdali.cli import main\ntry:\n    main(list(sys.argv[1:]))\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'tensorflow', 'mxnet', 'jax', 'nvidia.dali') if m in sys.modules)\n"
+            "print('HEAVY', heavy)")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout, proc.stdout  # --help stays fast: no framework, no DALI imported
+    if not args:
+        for command in ("info", "make-data", "check", "train", "plot", "bench"):
+            assert command in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("train", "segmentation"), "unknown task 'segmentation'; choose one of classification, detection"),
+    (("train", "classification", "--framework", "caffe"), "--framework 'caffe' is not one of pytorch"),
+    (("train", "detection", "--framework", "mxnet"), "no mxnet script; this task exists for pytorch"),
+    (("bench", "nope"), "unknown benchmark 'nope'"),
+])
+def test_user_mistakes_are_one_line_and_exit_2(args, message):
+    proc = _crossdali(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_info_says_what_auto_picks():
+    proc = _crossdali("info")
+    assert proc.returncode == 0, proc.stderr
+    assert "DALI            2.4" in proc.stdout
+    have_gpu = "GPUs: none visible" not in proc.stdout
+    assert f"--data-backend auto: {'dali-gpu' if have_gpu else 'dali-cpu'}" in proc.stdout
+
+
+def test_train_forwards_to_the_script(tmp_path):
+    """`crossdali train classification` is the PyTorch script: its own --help, with its own flags."""
+    pytest.importorskip("torch")
+    proc = _crossdali("train", "classification", "--framework", "pytorch", "--help")
+    assert proc.returncode == 0, proc.stderr
+    options = proc.stdout.split("options:", 1)[1]
+    assert "--data-backend" in options and "--framework" not in options  # the script's flags, not the CLI's
+    assert proc.stdout.startswith("usage: crossdali train classification --framework pytorch")
