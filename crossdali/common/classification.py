@@ -24,6 +24,7 @@ __all__ = [
     "IMAGENET_STD",
     "PipelineOptions",  # defined in crossdali.common.options; re-exported for the pipelines' callers
     "ClassificationTransform",
+    "augment_classification",
     "create_classification_pipeline",
 ]
 
@@ -128,6 +129,46 @@ def _val_geometry(jpegs, *, resize: int, crop: int):
     return fn.cast(out_h, **as_float), fn.cast(out_w, **as_float), centre(out_h), centre(out_w)
 
 
+def augment_classification(jpegs, *, train: bool, options: PipelineOptions,
+                           transform: ClassificationTransform | None = None):
+    """The train or val transform of ``jpegs`` (encoded images, a CPU ``DataNode``): images ready for the model.
+
+    The one definition of crossdali's classification preprocessing, called inside a ``pipeline_def``
+    by every pipeline that decodes images (the readers' pipeline below, the external-source
+    pipeline, the inference pipeline), so they cannot drift apart. ``options`` gives the device
+    (``gpu``: mixed decoder, hardware JPEG share ``hw_decoder_load``).
+    """
+    from nvidia.dali import fn, types  # defer: keeps `import crossdali.common` light
+
+    t = transform or ClassificationTransform()
+    gpu = options.device == "gpu"
+    decoder_device = "mixed" if gpu else "cpu"
+    decoder_args = (
+        dict(hw_decoder_load=options.hw_decoder_load, device_memory_padding=_DEVICE_MEMORY_PADDING,
+             host_memory_padding=_HOST_MEMORY_PADDING, preallocate_width_hint=5980 if train else 0,
+             preallocate_height_hint=6430 if train else 0)
+        if gpu else {}
+    )
+    dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT
+    if train:
+        images = fn.decoders.image_random_crop(
+            jpegs, device=decoder_device, output_type=types.RGB,
+            random_area=list(t.random_area), random_aspect_ratio=list(t.random_aspect_ratio),
+            num_attempts=100, **decoder_args)
+        images = fn.resize(images, resize_x=t.crop_size, resize_y=t.crop_size,
+                           interp_type=types.INTERP_LINEAR, antialias=True)
+        mirror, crop_pos = fn.random.coin_flip(probability=0.5), {}
+    else:
+        out_h, out_w, crop_y, crop_x = _val_geometry(jpegs, resize=t.val_resize_size, crop=t.crop_size)
+        images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **decoder_args)
+        images = fn.resize(images, resize_x=out_w, resize_y=out_h,
+                           interp_type=types.INTERP_LINEAR, antialias=True)
+        mirror, crop_pos = False, dict(crop_pos_x=crop_x, crop_pos_y=crop_y)
+    return fn.crop_mirror_normalize(
+        images, dtype=dtype, output_layout=t.output_layout, crop=(t.crop_size, t.crop_size),
+        mean=list(t.mean), std=list(t.std), mirror=mirror, **crop_pos)
+
+
 def create_classification_pipeline(
     source: DataSource,
     *,
@@ -140,41 +181,15 @@ def create_classification_pipeline(
     Returns a ``nvidia.dali.Pipeline`` with outputs ``(images, labels)``; call ``.build()`` or hand
     it to a framework iterator.
     """
-    from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
+    from nvidia.dali import pipeline_def  # defer: keeps `import crossdali.common` light
 
-    t = transform or ClassificationTransform()
     opts = options
-    gpu = opts.device == "gpu"
-    decoder_device = "mixed" if gpu else "cpu"
-    decoder_args = (
-        dict(hw_decoder_load=opts.hw_decoder_load, device_memory_padding=_DEVICE_MEMORY_PADDING,
-             host_memory_padding=_HOST_MEMORY_PADDING, preallocate_width_hint=5980 if train else 0,
-             preallocate_height_hint=6430 if train else 0)
-        if gpu else {}
-    )
-    dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT
 
     @pipeline_def(**opts.pipeline_kwargs())
     def classification_pipeline():
         jpegs, labels = _reader(source, train=train, opts=opts)
-        if train:
-            images = fn.decoders.image_random_crop(
-                jpegs, device=decoder_device, output_type=types.RGB,
-                random_area=list(t.random_area), random_aspect_ratio=list(t.random_aspect_ratio),
-                num_attempts=100, **decoder_args)
-            images = fn.resize(images, resize_x=t.crop_size, resize_y=t.crop_size,
-                               interp_type=types.INTERP_LINEAR, antialias=True)
-            mirror, crop_pos = fn.random.coin_flip(probability=0.5), {}
-        else:
-            out_h, out_w, crop_y, crop_x = _val_geometry(jpegs, resize=t.val_resize_size, crop=t.crop_size)
-            images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **decoder_args)
-            images = fn.resize(images, resize_x=out_w, resize_y=out_h,
-                               interp_type=types.INTERP_LINEAR, antialias=True)
-            mirror, crop_pos = False, dict(crop_pos_x=crop_x, crop_pos_y=crop_y)
-        images = fn.crop_mirror_normalize(
-            images, dtype=dtype, output_layout=t.output_layout, crop=(t.crop_size, t.crop_size),
-            mean=list(t.mean), std=list(t.std), mirror=mirror, **crop_pos)
-        if gpu:
+        images = augment_classification(jpegs, train=train, options=opts, transform=transform)
+        if opts.device == "gpu":
             labels = labels.gpu()
         return images, labels
 
