@@ -24,6 +24,7 @@ __all__ = [
     "scan_image_folder",
     "read_file_list",
     "check_image_headers",
+    "sniff_image_bytes",
     "find_undecodable",
     "explain_decode_failure",
     "explain_files_failure",
@@ -86,6 +87,12 @@ def _sniff(path: str) -> str | None:
             head = f.read(16)
     except OSError as e:
         return f"unreadable ({e.strerror})"
+    return sniff_image_bytes(head)
+
+
+def sniff_image_bytes(head: bytes) -> str | None:
+    """What the leading bytes of an encoded image are (e.g. ``"a GIF file"``); ``None`` if DALI
+    decodes that format. 16 bytes are enough."""
     if not head:
         return "an empty file"
     for magic in _DECODABLE_MAGIC:

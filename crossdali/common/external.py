@@ -1,0 +1,461 @@
+"""Any Python source of encoded images + labels through ``fn.external_source``, with crossdali's
+classification transform (``augment_classification``) and epoch rules.
+
+User code produces ``(encoded image bytes, integer label)``; DALI decodes and augments. Two kinds
+of source, told apart by what they offer:
+
+- **indexed** (random access: ``len(source)`` + ``source[i]``, or a callable ``fn(i)`` with
+  ``num_samples``): read per sample by ``IndexedSamples``, a stateless function of DALI's
+  ``SampleInfo``. So it runs in DALI's Python worker processes (``parallel=True``), shards by the
+  global rank, reshuffles every epoch (the same permutation on every rank, as
+  ``fn.readers.file(shuffle_after_epoch=True)``), keeps the epoch rule of
+  ``crossdali.common.epochs`` (every sample exactly once across shards; ``DROP`` for training on
+  several ranks) and resumes mid-epoch from a DALI checkpoint (DALI restores the epoch and
+  iteration it passes to a callable that takes ``SampleInfo``).
+- **stream** (any other iterable, e.g. a Squirrel ``Composable``, or a generator function):
+  read in order and batched by ``StreamBatches``, a generator function DALI calls once per epoch
+  (``cycle="raise"``); with ``parallel=True`` the whole stream runs in one dedicated DALI worker
+  (DALI cannot split an iterator's state). A stream that has ``shard(shard_id, num_shards)``
+  (``crossdali.common.squirrel.SquirrelSource`` does) is asked for this rank's part; any other is
+  strided (rank ``r`` keeps items ``r, r + world, ...`` of a stream every rank reads alike).
+  Guaranteed: every item of this rank's part once per epoch, in order. Exactly-once across
+  ranks holds when the parts are disjoint and cover the stream. Equal step counts per rank need
+  ``num_samples`` (the whole stream's length): each rank then stops at the same batch and fails
+  loudly if its part is shorter. DALI does not checkpoint iterables; ``StreamBatches(skip=...)``
+  re-reads and skips the batches already consumed, so a deterministic stream resumes exactly.
+
+Samples that are not an image DALI decodes (a GIF, an HTML error page) are refused with the
+sample's index, not converted: a training set should be fixed once, not on every epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import logging
+import math
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from crossdali.common.classification import ClassificationTransform, augment_classification
+from crossdali.common.distributed import DistInfo
+from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
+from crossdali.common.loaders import SplitPlan
+from crossdali.common.options import PipelineOptions, check_backend
+from crossdali.common.sources import DataError, sniff_image_bytes
+
+__all__ = ["ExternalData", "ExternalSourceOptions", "ExternalPlan", "IndexedSamples", "StreamBatches", "prepare_external_source",
+           "create_external_source_pipeline", "to_sample",
+           "batches_in_epoch", "stream_checkpoint_warning_silenced"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExternalData:
+    """A user's source as a split: what ``SplitPlan.source`` holds for an external source."""
+
+    source: Any
+    kind: str  # "indexed" | "stream"
+    num_samples: int  # the whole dataset (all ranks); 0 when a stream's length is unknown
+    num_classes: int
+    name: str
+    format: str = "external"
+
+    @property
+    def root(self) -> str:  # what prepare_split-style log lines print
+        return self.name
+
+
+@dataclass(frozen=True)
+class ExternalSourceOptions:
+    """How a user's source is fed to DALI (the reading side; ``PipelineOptions`` is the DALI side).
+
+    ``parallel``: run the source in ``py_workers`` DALI worker processes (an indexed source is
+    split across them per sample; a stream runs in one dedicated worker). ``py_start_method``:
+    ``fork`` (no pickling; only before a CUDA context exists in the process), ``spawn`` (the source
+    must be picklable) or ``auto`` (the framework wrapper picks: spawn once CUDA is initialised).
+    ``batched``: a stream yields whole batches, not samples. ``shard`` (streams): ``auto``
+    (``source.shard`` if it has one, else stride), ``self``, ``stride`` or ``none`` (the stream
+    already is this rank's part).
+    """
+
+    parallel: bool = False
+    py_workers: int = 2
+    py_start_method: str = "auto"
+    batched: bool = False
+    shard: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.py_start_method not in ("auto", "fork", "spawn"):
+            raise ValueError(f"py_start_method must be 'auto', 'fork' or 'spawn', got {self.py_start_method!r}")
+        if self.parallel and self.py_workers < 1:
+            raise ValueError(f"py_workers must be positive with parallel=True, got {self.py_workers}")
+        if self.shard not in ("auto", "stride", "self", "none"):
+            raise ValueError(f"shard must be one of auto, stride, self, none; got {self.shard!r}")
+
+
+def _describe(source: Any) -> str:
+    """The source's own short repr when it has one (``SquirrelSource('/data/store', 12 shards)``), else its type."""
+    if type(source).__repr__ is not object.__repr__ and not isinstance(source, (list, tuple, dict)):
+        text = repr(source)
+        if len(text) <= 100:
+            return text
+    return f"{type(source).__module__}.{type(source).__qualname__}"
+
+
+def to_sample(item: Any, *, index: int | str, name: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """One user sample ``(encoded, label)`` as DALI's inputs: uint8 bytes (1-D) and int64 label (1,).
+
+    Raises ``DataError`` naming the sample for anything else: a wrong shape of item, an image
+    format DALI cannot decode, a label outside ``[0, num_classes)``.
+    """
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise DataError(f"sample {index} of {name} is a {type(item).__name__}, not a pair (encoded image bytes, "
+                        "integer label); map your source's items to (bytes, int)")
+    encoded, label = item
+    if isinstance(encoded, np.ndarray) and encoded.dtype == np.uint8 and encoded.ndim == 1:
+        data = encoded
+    elif isinstance(encoded, (bytes, bytearray, memoryview)):
+        data = np.frombuffer(encoded, dtype=np.uint8)
+    else:
+        what = f"{encoded.dtype} array of shape {encoded.shape}" if isinstance(encoded, np.ndarray) \
+            else type(encoded).__name__
+        raise DataError(f"sample {index} of {name}: the image is a {what}; give the encoded file's bytes (bytes, "
+                        "bytearray, memoryview or a 1-D uint8 numpy array), not decoded pixels")
+    problem = sniff_image_bytes(data[:16].tobytes())
+    if problem is not None:
+        raise DataError(f"sample {index} of {name} is {problem}; DALI decodes JPEG, PNG, BMP, TIFF, JPEG 2000, WebP "
+                        "and PNM: re-encode it (e.g. PIL: Image.open(...).convert('RGB').save(buf, 'JPEG')) "
+                        "or leave it out of the source")
+    try:
+        value = int(label)
+    except (TypeError, ValueError):
+        raise DataError(f"sample {index} of {name}: label {label!r} is not an integer") from None
+    if not 0 <= value < num_classes:
+        raise DataError(f"sample {index} of {name}: label {value} is outside [0, num_classes={num_classes}); "
+                        "pass the right num_classes or fix the label")
+    return data, np.array([value], dtype=np.int64)
+
+
+class IndexedSamples:
+    """``fn.external_source`` callable (``batch=False``): ``SampleInfo`` -> (encoded, label) of this shard.
+
+    Stateless (the sample is a pure function of ``info.epoch_idx`` and ``info.idx_in_epoch``), so
+    DALI may run it in worker processes and restore it from a checkpoint. The epoch's order is a
+    global permutation (``seed``, epoch) cut into contiguous shards, like ``ShardSampler``. The
+    shard's last batch is padded with its last sample (as ``pad_last_batch`` does for readers:
+    DALI drops a batch in which the source stopped early); the wrapper trims the padding, using
+    ``samples_in_epoch``. ``epoch_offset`` shifts the epoch numbers (a resume without a DALI
+    checkpoint starts DALI at epoch 0).
+    """
+
+    def __init__(self, get: Callable[[int], Any], *, num_samples: int, num_classes: int, batch_size: int,
+                 shard_id: int, num_shards: int, shuffle: bool, seed: int, policy: LastBatchPolicy,
+                 name: str, epoch_offset: int = 0) -> None:
+        self.get, self.num_samples, self.num_classes, self.name = get, num_samples, num_classes, name
+        self.batch_size, self.shard_id, self.num_shards = batch_size, shard_id, num_shards
+        self.shuffle, self.seed, self.policy, self.epoch_offset = shuffle, seed, policy, epoch_offset
+        lo, hi = shard_id * num_samples // num_shards, (shard_id + 1) * num_samples // num_shards
+        self.lo, self.hi = lo, hi
+        if policy == LastBatchPolicy.DROP:
+            self.samples_in_epoch = (num_samples // num_shards) // batch_size * batch_size
+        else:
+            self.samples_in_epoch = hi - lo
+        self.padded = math.ceil(self.samples_in_epoch / batch_size) * batch_size
+        self._order_epoch, self._order = None, None
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        """Dataset indices this shard reads in ``epoch`` (before padding), in reading order."""
+        if self._order_epoch != epoch:
+            order = np.arange(self.num_samples)
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._order_epoch, self._order = epoch, order[self.lo:self.hi][:self.samples_in_epoch]
+        return self._order
+
+    def __call__(self, info) -> tuple[np.ndarray, np.ndarray]:
+        if info.idx_in_epoch >= self.padded:
+            raise StopIteration
+        order = self.shard_order(info.epoch_idx + self.epoch_offset)
+        i = int(order[min(info.idx_in_epoch, len(order) - 1)])
+        return to_sample(self.get(i), index=i, name=self.name, num_classes=self.num_classes)
+
+
+class StreamBatches:
+    """``fn.external_source`` generator function (``batch=True``, ``cycle="raise"``): one epoch of a
+    stream per call, in batches of up to ``batch_size`` (a partial last batch is kept unless
+    ``limit`` cuts the epoch to whole batches).
+
+    ``batched``: the stream yields whole batches ``(encoded list, labels)`` instead of samples.
+    ``stride``: keep items ``shard_id, shard_id + num_shards, ...`` (for streams that cannot shard
+    themselves). ``limit``: samples per epoch this rank must deliver (equal step counts across
+    ranks): the epoch stops there, and a stream that ends earlier is an error. ``skip``: batches
+    to leave out at the start of the first epoch (resuming mid-epoch).
+    """
+
+    def __init__(self, stream: Iterable | Callable[[], Iterable], *, batch_size: int, num_classes: int, name: str,
+                 batched: bool = False, stride: tuple[int, int] | None = None, limit: int | None = None,
+                 skip: int = 0) -> None:
+        self.stream, self.batch_size, self.num_classes, self.name = stream, batch_size, num_classes, name
+        self.batched, self.stride, self.limit, self.skip = batched, stride, limit, skip
+        self.one_shot = not callable(stream) and iter(stream) is stream
+        self._calls = 0
+
+    def _samples(self):
+        items = self.stream() if callable(self.stream) else self.stream
+        it = iter(items)
+        if self.stride is not None and self.stride[1] > 1:
+            it = itertools.islice(it, self.stride[0], None, self.stride[1])
+        return it
+
+    def _user_batches(self):
+        """The stream as batches of (index, item) pairs."""
+        n = 0
+        if self.batched:
+            for b, batch in enumerate(self._samples()):
+                if not isinstance(batch, (tuple, list)) or len(batch) != 2 or len(batch[0]) != len(batch[1]):
+                    raise DataError(f"batch {b} of {self.name} is not (list of encoded images, labels) of equal "
+                                    "lengths; with batched=True the stream must yield whole batches")
+                if len(batch[0]) > self.batch_size:
+                    raise DataError(f"batch {b} of {self.name} holds {len(batch[0])} samples, more than "
+                                    f"batch_size={self.batch_size}; batch the stream to at most batch_size")
+                yield [(n + k, pair) for k, pair in enumerate(zip(batch[0], batch[1]))]
+                n += len(batch[0])
+        else:
+            it = enumerate(self._samples())
+            while chunk := list(itertools.islice(it, self.batch_size)):
+                yield chunk
+
+    def __call__(self):
+        first, self._calls = self._calls == 0, self._calls + 1
+        if not first and self.one_shot:
+            raise DataError(f"{self.name} is a one-shot iterator (a generator object): it has no second epoch. "
+                            "Pass a re-iterable (a list, a Squirrel Composable) or a generator function instead")
+        skip = self.skip if first else 0
+        delivered = 0
+        for b, chunk in enumerate(self._user_batches()):
+            if self.limit is not None:
+                chunk = chunk[:self.limit - delivered]
+                if not chunk:
+                    break
+            delivered += len(chunk)
+            if b < skip:
+                continue
+            samples = [to_sample(item, index=i, name=self.name, num_classes=self.num_classes) for i, item in chunk]
+            yield [s[0] for s in samples], [s[1] for s in samples]
+        if self.limit is not None and delivered < self.limit:
+            raise DataError(f"{self.name} gave {delivered} samples on this rank, fewer than the {self.limit} every rank "
+                            "must give per epoch (from num_samples); pass the stream's true length as num_samples")
+
+
+@dataclass(frozen=True)
+class ExternalPlan:
+    """An external source resolved for this process: the split plan (epoch rule, shard) and how to
+    build its pipeline. ``samples_in_epoch``: what this rank delivers per epoch (``None``: unknown)."""
+
+    plan: SplitPlan
+    data: ExternalData
+    feed: ExternalSourceOptions
+    shard_mode: str  # indexed: "global"; stream: "self" (source.shard) | "stride" | "none"
+    seed: int
+    transform: ClassificationTransform
+
+    @property
+    def kind(self) -> str:
+        return self.data.kind
+
+    @property
+    def sized(self) -> bool:
+        return self.data.num_samples > 0
+
+    def _indexed(self, options: PipelineOptions, *, epoch_offset: int = 0) -> IndexedSamples:
+        src = self.data.source
+        get = src.__getitem__ if hasattr(src, "__getitem__") else src
+        return IndexedSamples(get, num_samples=self.data.num_samples, num_classes=self.data.num_classes,
+                              batch_size=self.plan.batch_size, shard_id=options.shard_id,
+                              num_shards=options.num_shards, shuffle=self.plan.train, seed=self.seed,
+                              policy=self.plan.policy, name=self.data.name, epoch_offset=epoch_offset)
+
+    def _stream(self, options: PipelineOptions, *, skip: int = 0) -> StreamBatches:
+        src, world, rank = self.data.source, options.num_shards, options.shard_id
+        stride = None
+        if self.shard_mode == "self":
+            src = src.shard(rank, world)
+        elif self.shard_mode == "stride":
+            stride = (rank, world)
+        limit = None
+        if self.sized:
+            per_rank = self.data.num_samples // world
+            limit = per_rank // self.plan.batch_size * self.plan.batch_size \
+                if self.plan.policy == LastBatchPolicy.DROP else None
+        return StreamBatches(src, batch_size=self.plan.batch_size, num_classes=self.data.num_classes,
+                             name=self.data.name, batched=self.feed.batched, stride=stride, limit=limit, skip=skip)
+
+    def samples_in_epoch(self, options: PipelineOptions) -> int | None:
+        """Samples this rank delivers per epoch: exact for indexed sources, ``None`` for streams."""
+        return self._indexed(options).samples_in_epoch if self.kind == "indexed" else None
+
+    def build(self, options: PipelineOptions, *, skip_batches: int = 0, epoch_offset: int = 0):
+        """The pipeline (outputs ``images``, ``labels``) over this rank's part of the source.
+        ``skip_batches``: a stream's batches already consumed in the first epoch (resume);
+        ``epoch_offset``: epochs already done when DALI starts at epoch 0 (resume without checkpoint)."""
+        if self.kind == "indexed":
+            callback = self._indexed(options, epoch_offset=epoch_offset)
+        else:
+            callback = self._stream(options, skip=skip_batches)
+        return create_external_source_pipeline(
+            callback, batch=self.kind == "stream", train=self.plan.train, options=options, transform=self.transform,
+            parallel=self.feed.parallel, py_start_method=self.feed.py_start_method,
+            py_workers=self.feed.py_workers if self.kind == "indexed" else 1)  # a stream has one dedicated worker
+
+
+def create_external_source_pipeline(callback, *, batch: bool, train: bool, options: PipelineOptions,
+                                    transform: ClassificationTransform | None = None, parallel: bool = False,
+                                    py_workers: int = 1, py_start_method: str = "fork"):
+    """Build (not start) a pipeline: ``fn.external_source(callback)`` -> crossdali's train or val
+    transform. ``callback``: an ``IndexedSamples`` (``batch=False``) or a generator function of
+    batches (``batch=True``). ``parallel`` runs it in ``py_workers`` DALI worker processes."""
+    from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
+
+    kwargs = options.pipeline_kwargs()
+    if parallel:
+        kwargs.update(py_num_workers=py_workers, py_start_method=py_start_method)
+
+    @pipeline_def(**kwargs)
+    def external_pipeline():
+        jpegs, labels = fn.external_source(
+            source=callback, num_outputs=2, batch=batch, parallel=parallel, cycle="raise" if batch else None,
+            dtype=[types.UINT8, types.INT64], ndim=[1, 1],
+            **(dict(prefetch_queue_depth=options.prefetch_queue_depth) if parallel else {}))
+        images = augment_classification(jpegs, train=train, options=options, transform=transform)
+        if options.device == "gpu":
+            labels = labels.gpu()
+        return images, labels
+
+    return external_pipeline()
+
+
+@contextlib.contextmanager
+def stream_checkpoint_warning_silenced():
+    """Around a pipeline's build: DALI warns that it does not save a stream's position when
+    checkpointing is on; ``StreamBatches(skip=...)`` restores it instead, so the warning is noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline with external source")
+        yield
+
+
+def _classes(source: Any, num_classes: int | None) -> int:
+    if num_classes is not None:
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be positive, got {num_classes}")
+        return num_classes
+    for attr in ("num_classes", "classes"):
+        value = getattr(source, attr, None)
+        if value is not None:
+            return value if isinstance(value, int) else len(value)
+    raise ValueError(f"num_classes is not known for {_describe(source)}: pass num_classes=N (labels are 0..N-1), "
+                     "or give the source a num_classes or classes attribute")
+
+
+def prepare_external_source(
+    source: Any,
+    *,
+    train: bool,
+    backend: str,
+    backends: tuple[str, ...],
+    batch_size: int,
+    num_samples: int | None = None,
+    num_classes: int | None = None,
+    dist: DistInfo | None = None,
+    last_batch: str | None = None,
+    feed: ExternalSourceOptions | None = None,
+    seed: int = 0,
+    transform: ClassificationTransform | None = None,
+    name: str | None = None,
+) -> ExternalPlan:
+    """The shared start of every external-source loader factory (see the module docstring).
+
+    ``source``: an indexed source (``len`` + ``[i]``), a callable ``fn(i)`` with ``num_samples``,
+    an iterable, or a generator function (no arguments). ``num_samples`` sizes a stream (all ranks
+    together). ``feed``: parallel workers, batched stream, stream sharding. ``name`` names the
+    source in logs and errors.
+    """
+    check_backend(backend, backends)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    feed = feed or ExternalSourceOptions()
+    if feed.py_start_method == "auto":
+        feed = replace(feed, py_start_method="fork")
+    batched, shard = feed.batched, feed.shard
+    dist = dist or DistInfo()
+    name = name or _describe(source)
+    classes = _classes(source, num_classes)
+    takes_index = callable(source) and not inspect.isgeneratorfunction(source) and _arity(source) >= 1
+    if hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, (str, bytes)):
+        kind, n = "indexed", len(source)
+        if num_samples is not None and num_samples != n:
+            raise ValueError(f"num_samples={num_samples} but len({name}) is {n}; leave num_samples out")
+    elif takes_index:
+        if num_samples is None:
+            raise ValueError(f"{name} is a callable fn(i) -> (bytes, label): pass num_samples=N (i runs over 0..N-1)")
+        kind, n = "indexed", num_samples
+    elif callable(source) or hasattr(source, "__iter__"):
+        kind, n = "stream", num_samples or 0
+    else:
+        raise TypeError(f"{name} is neither indexable (len + [i]), a callable fn(i), nor iterable; "
+                        "give a dataset, a function of the sample index, or an iterable of (bytes, label)")
+    if batched and kind == "indexed":
+        raise ValueError("batched=True is for streams that yield whole batches; an indexed source gives samples")
+    if kind == "indexed" and n < dist.world_size:
+        raise ValueError(f"{name} has {n} samples, fewer than the {dist.world_size} ranks that share it")
+    if kind == "indexed":
+        shard_mode = "global"
+    elif shard == "auto":
+        shard_mode = "self" if hasattr(source, "shard") else "stride"
+    else:
+        shard_mode = shard
+    if shard_mode == "self" and not hasattr(source, "shard"):
+        raise ValueError(f"shard='self' needs {name}.shard(shard_id, num_shards); use shard='stride' or 'none'")
+    policy = choose_last_batch_policy(train=train, num_shards=dist.world_size, policy=last_batch)
+    if policy not in (LastBatchPolicy.PARTIAL, LastBatchPolicy.DROP):
+        raise ValueError(f"last_batch={policy.name.lower()!r} is not supported for external sources; use partial or drop")
+    if kind == "stream" and policy == LastBatchPolicy.DROP and not n and dist.world_size > 1:
+        log.warning("%s: a stream of unknown length on %d ranks: ranks may take different step counts; pass "
+                    "num_samples (the stream's length) so each stops at the same batch", name, dist.world_size)
+    data = ExternalData(source=source, kind=kind, num_samples=n, num_classes=classes, name=name)
+    plan = SplitPlan(source=data, split="train" if train else "val", train=train, backend=backend,
+                     batch_size=batch_size, dist=dist, policy=policy, num_samples=n)
+    if dist.is_main:
+        what = f"external {plan.split} ({backend}, {kind} {name}{', parallel' if feed.parallel else ''})"
+        if n:
+            log_epoch_plan(what, n, batch_size=batch_size, num_shards=dist.world_size, policy=policy)
+        else:
+            log.info("%s: a stream of unknown length, %d shard(s) (%s), batch %d", what, dist.world_size,
+                     shard_mode, batch_size)
+    return ExternalPlan(plan=plan, data=data, feed=feed, shard_mode=shard_mode, seed=seed,
+                        transform=transform or ClassificationTransform())
+
+
+def _arity(fn: Callable) -> int:
+    """Positional parameters ``fn`` takes (``__call__``'s for objects), 0 when it cannot be told."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 0
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+               for p in sig.parameters.values())
+
+
+def batches_in_epoch(plan: ExternalPlan) -> int | None:
+    """Batches per epoch on each rank, ``None`` for a stream of unknown length."""
+    if not plan.sized:
+        return None
+    return batches_per_epoch(plan.data.num_samples, batch_size=plan.plan.batch_size,
+                             num_shards=plan.plan.dist.world_size, policy=plan.plan.policy)
+
