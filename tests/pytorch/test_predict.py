@@ -256,3 +256,29 @@ def test_briefly_trained_model_recognises_a_photo(tiny_classification, tmp_path,
 
     top1 = [json.loads(line)["top"][0]["class"] for line in capsys.readouterr().out.strip().splitlines()]
     assert top1 == ["chelsea", "coffee"]
+
+
+@pytest.mark.slow
+def test_inference_benchmark_smoke(tmp_path, data_root):
+    """``benchmarks/inference.py --smoke``: DALI and PIL rows, latency and throughput, JSON and plot."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    # 20-80 s here on the shared 2 cores: the timeout is 7x the slowest
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.inference", "--smoke", "--out", str(tmp_path)],
+                          env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "inference.json").read_text())
+    assert [r["name"] for r in report["latency"]] == ["DALI CPU pipeline (2 threads)", "PIL + torchvision"]
+    assert len(report["throughput"]) == 3
+    for row in report["latency"]:
+        assert "error" not in row and 0 < row["median_ms"] <= row["p90_ms"], row
+    for row in report["throughput"]:
+        assert "error" not in row and row["img_s"] > 0 and row["preprocess_img_s"] > 0, row
+    assert (tmp_path / "inference.png").stat().st_size > 10_000

@@ -1,0 +1,218 @@
+"""Images/s of a Squirrel store fed to DALI through ``fn.external_source``, against Squirrel's own
+PyTorch path (PIL + torchvision in a DataLoader), both with the RN50 train transform.
+
+    python -m benchmarks.external_source --out results/             # on a GPU machine (DALI GPU rows)
+    python -m benchmarks.external_source --smoke --out /tmp/es      # tiny CPU run (CI)
+
+The store is written once from the ``bench`` sample set (8,195 JPEGs cut from real photos, 64 per
+shard) with ``crossdali.common.squirrel.write_squirrel_store``. Rows:
+
+- Squirrel + torchvision: ``get_iter(key_hooks=[SplitByWorker])`` -> PIL decode + the v2 train
+  preset -> ``batched`` -> ``to_torch_iterable()`` in a ``DataLoader`` with ``--workers``
+  processes (the way Squirrel's docs load into PyTorch).
+- Squirrel -> DALI external_source: ``SquirrelSource`` read in the main process (serial) or in one
+  dedicated DALI worker process (``parallel``), decode and augment by DALI on the CPU or the GPU
+  with ``--workers`` threads.
+- DALI fn.readers.file on the same JPEGs as files: what the external source costs against DALI's
+  own reader.
+
+Each row: one warm-up epoch, then whole epochs until at least 2 epochs and ``--min-seconds``;
+batches are consumed as float NCHW tensors on the GPU (CPU in ``--smoke``). Writes
+``external_source.json`` (rewritten after every row) and ``external_source.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from crossdali.common.sample_data import ensure_classification
+from crossdali.common.sources import resolve_source
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON and the PNG")
+    parser.add_argument("--data-root", type=Path, default=None, help="where to build the sample set")
+    parser.add_argument("--size", default="bench", help="sample set size (bench: 8,195 JPEGs)")
+    parser.add_argument("--store", type=Path, default=None, help="Squirrel store folder (default: a temporary one)")
+    parser.add_argument("-b", "--batch-size", type=int, default=256)
+    parser.add_argument("--crop-size", type=int, default=224)
+    parser.add_argument("--workers", type=int, default=15, help="DataLoader processes / DALI threads")
+    parser.add_argument("--min-seconds", type=float, default=5.0)
+    parser.add_argument("--smoke", action="store_true", help="tiny set, CPU rows only, 64 px: checks the script runs")
+    return parser
+
+
+def _collate(samples):
+    return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+
+class _DecodeTransform:
+    """PIL decode + the torchvision v2 train preset, for Squirrel's ``map`` (picklable for workers)."""
+
+    def __init__(self, crop: int) -> None:
+        from crossdali.common.classification import ClassificationTransform
+        from crossdali.pytorch.presets import ClassificationPresetTrain
+
+        self.preset = ClassificationPresetTrain(transform=ClassificationTransform(crop_size=crop))
+
+    def __call__(self, sample: dict):
+        import io
+
+        from PIL import Image
+
+        with Image.open(io.BytesIO(sample["image"])) as img:
+            return self.preset(img.convert("RGB")), sample["label"]
+
+
+def _squirrel_torch_loader(store: Path, *, batch_size: int, workers: int, crop: int):
+    """Squirrel's PyTorch path, as its documentation shows it."""
+    from squirrel.driver import MessagepackDriver
+    from squirrel.iterstream.torch_composables import SplitByWorker
+
+    it = (MessagepackDriver(str(store)).get_iter(key_hooks=[SplitByWorker], max_workers=1, flatten=True)
+          .map(_DecodeTransform(crop))
+          .batched(batch_size, collation_fn=_collate, drop_last_if_not_full=False)
+          .to_torch_iterable())
+    return torch.utils.data.DataLoader(it, batch_size=None, num_workers=workers, pin_memory=torch.cuda.is_available(),
+                                       persistent_workers=workers > 0)
+
+
+def _consume(loader, device, *, min_seconds: float) -> dict:
+    for images, _ in loader:  # warm-up: workers, caches, allocator
+        images.to(device, non_blocking=True)
+    _sync(device)
+    n, epochs, start = 0, 0, time.perf_counter()
+    while epochs < 2 or time.perf_counter() - start < min_seconds:
+        for images, _labels in loader:
+            images = images.to(device, non_blocking=True)
+            n += images.shape[0]
+        _sync(device)
+        epochs += 1
+    elapsed = time.perf_counter() - start
+    return {"images": n, "epochs": epochs, "seconds": elapsed, "img_s": n / elapsed}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _write(path: Path, report: dict) -> None:
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def plot(report: dict, png: Path) -> bool:
+    """Bar chart of the rows; ``False`` where matplotlib is not installed (the JSON has everything)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["results"] if "img_s" in r]
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.5 * len(rows)), layout="constrained")
+    colors = ["#76b900" if "GPU" in r["name"] else "#5a7d9a" if "DALI" in r["name"] else "#999999" for r in rows]
+    bars = ax.barh([r["name"] for r in rows], [r["img_s"] for r in rows], color=colors)
+    ax.bar_label(bars, labels=[f"{r['img_s']:,.0f}" for r in rows], padding=3, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("images/s (higher is better)")
+    ax.set_xlim(0, max(r["img_s"] for r in rows) * 1.2)
+    ax.set_title(f"Squirrel store -> RN50 train transform {report['crop_size']} px, batch {report['batch_size']}\n"
+                 f"{report['device']}, {report['cpu_count']} CPU cores, {report['dataset']['images']:,} JPEGs")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(args: argparse.Namespace) -> dict:
+    from crossdali.common.squirrel import SquirrelSource, write_squirrel_store
+    from crossdali.pytorch import create_classification_loader
+    from crossdali.pytorch.external import ExternalSourceOptions, create_external_source_loader
+
+    if args.smoke:
+        args.size, args.batch_size, args.workers, args.crop_size, args.min_seconds = "tiny", 32, 2, 64, 0.0
+    elif not torch.cuda.is_available():
+        raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
+    gpu = torch.cuda.is_available() and not args.smoke
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    args.out.mkdir(parents=True, exist_ok=True)
+    root = ensure_classification(args.data_root, size=args.size, formats=("imagefolder",)) / "imagefolder"
+    source = resolve_source(root, "train")
+    tmp = None
+    if args.store is None:
+        tmp = tempfile.TemporaryDirectory(prefix="crossdali-squirrel-")
+        args.store = Path(tmp.name) / "store"
+    t0 = time.perf_counter()
+    if not args.store.exists():
+        write_squirrel_store(source, args.store, samples_per_shard=64)
+    store_mib = sum(f.stat().st_size for f in args.store.rglob("*") if f.is_file()) / 2**20
+    print(f"store: {source.num_samples} JPEGs, {store_mib:.0f} MiB at {args.store} "
+          f"(written in {time.perf_counter() - t0:.1f} s)", flush=True)
+
+    bs, crop, workers = args.batch_size, args.crop_size, args.workers
+    squirrel = SquirrelSource(args.store, num_classes=source.num_classes)
+    common = dict(train=True, batch_size=bs, crop_size=crop, workers=workers, device_id=0 if gpu else None)
+    backends = ["dali-gpu", "dali-cpu"] if gpu else ["dali-cpu"]
+    configs = [("Squirrel + torchvision (PIL, DataLoader)",
+                lambda: _squirrel_torch_loader(args.store, batch_size=bs, workers=workers, crop=crop))]
+    for backend in backends:
+        where = "GPU" if backend == "dali-gpu" else "CPU"
+        for parallel in (False, True):
+            name = f"Squirrel -> DALI {where} external_source" + (" (parallel worker)" if parallel else " (serial)")
+            configs.append((name, lambda b=backend, p=parallel: create_external_source_loader(
+                squirrel, backend=b, feed=ExternalSourceOptions(parallel=p), **common)))
+        configs.append((f"files -> DALI {where} fn.readers.file", lambda b=backend: create_classification_loader(
+            source, backend=b, **common)))
+
+    report = {
+        "benchmark": "external_source",
+        "command": " ".join(["python", "-m", "benchmarks.external_source", *sys.argv[1:]]),
+        "device": torch.cuda.get_device_name(device) if gpu else platform.processor() or "cpu",
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "dali": __import__("nvidia.dali").dali.__version__,
+        "squirrel": __import__("importlib.metadata").metadata.version("squirrel-core"),
+        "dataset": {"images": source.num_samples, "store_mib": store_mib},
+        "batch_size": bs,
+        "crop_size": crop,
+        "workers": workers,
+        "timing": f"1 warm-up epoch, then whole epochs until >= 2 epochs and >= {args.min_seconds:g} s",
+        "results": [],
+    }
+    path = args.out / "external_source.json"
+    for name, make in configs:
+        row = {"name": name}
+        try:  # one failing configuration is recorded with its error; the others still run
+            loader = make()
+            row.update(_consume(loader, device, min_seconds=args.min_seconds))
+            print(f"{name:55s} {row['img_s']:9,.0f} img/s", flush=True)
+            del loader
+        except Exception as e:  # reported in the JSON
+            row["error"] = f"{type(e).__name__}: {e}"
+            print(f"{name:55s} FAILED: {row['error']}", flush=True)
+        report["results"].append(row)
+        _write(path, report)
+    if plot(report, args.out / "external_source.png"):
+        print(f"wrote {path} and {path.with_suffix('.png')}")
+    else:
+        print(f"wrote {path} (no matplotlib here: no plot)")
+    if tmp is not None:
+        tmp.cleanup()
+    return report
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
