@@ -2,6 +2,7 @@
 PyTorch path (PIL + torchvision in a DataLoader), both with the RN50 train transform.
 
     python -m benchmarks.external_source --out results/             # on a GPU machine (DALI GPU rows)
+    python -m benchmarks.external_source --cpu --size small -b 64 --workers 2 --data-root /tmp/d --out /tmp/es
     python -m benchmarks.external_source --smoke --out /tmp/es      # tiny CPU run (CI)
 
 The store is written once from the ``bench`` sample set (8,195 JPEGs cut from real photos, 64 per
@@ -49,6 +50,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--crop-size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=15, help="DataLoader processes / DALI threads")
     parser.add_argument("--min-seconds", type=float, default=5.0)
+    parser.add_argument("--cpu", action="store_true", help="CPU rows only, batches consumed on the CPU (no GPU needed)")
     parser.add_argument("--smoke", action="store_true", help="tiny set, CPU rows only, 64 px: checks the script runs")
     return parser
 
@@ -143,9 +145,10 @@ def main(args: argparse.Namespace) -> dict:
 
     if args.smoke:
         args.size, args.batch_size, args.workers, args.crop_size, args.min_seconds = "tiny", 32, 2, 64, 0.0
-    elif not torch.cuda.is_available():
-        raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
-    gpu = torch.cuda.is_available() and not args.smoke
+        args.cpu = True
+    elif not args.cpu and not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU here: pass --cpu for the CPU rows alone (or --smoke)")
+    gpu = not args.cpu
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     root = ensure_classification(args.data_root, size=args.size, formats=("imagefolder",)) / "imagefolder"

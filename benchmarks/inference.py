@@ -51,6 +51,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--batches", type=int, default=20, help="timed batches per throughput row")
     parser.add_argument("--workers", type=int, default=8, help="DALI threads / PIL pool threads")
     parser.add_argument("--warmup", type=int, default=10, help="untimed requests (latency) / batches (throughput)")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is visible")
     parser.add_argument("--smoke", action="store_true", help="tiny set, CPU, ResNet-18 at 64 px: checks the script runs")
     return parser
 
@@ -165,7 +166,7 @@ def main(args: argparse.Namespace) -> dict:
     if args.smoke:
         args.size, args.arch, args.crop_size, args.workers = "tiny", "resnet18", 64, 2
         args.requests, args.batches, args.batch_size, args.warmup = 8, 2, 16, 1
-    gpu = torch.cuda.is_available() and not args.smoke
+    gpu = torch.cuda.is_available() and not (args.smoke or args.cpu)
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     torch.backends.cudnn.benchmark = gpu
     args.out.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,8 @@ def prepare_image(data: bytes, *, name: str) -> EncodedImage:
             img.seek(0)
             rgb = img.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise DataError(f"{name} is {problem}, which neither DALI nor PIL can read as an image ({e}); "
+        detail = "" if isinstance(e, UnidentifiedImageError) else f" ({e})"  # PIL's says only "cannot identify"
+        raise DataError(f"{name} is {problem}, which neither DALI nor PIL can read as an image{detail}; "
                         "pass a JPEG, PNG, BMP, TIFF, WebP or GIF file") from None
     out = io.BytesIO()
     rgb.save(out, format="PNG", compress_level=1)  # lossless; level 1: fast to write, DALI decodes it alike
