@@ -188,9 +188,13 @@ class Predictor:
     def submit(self, image: str | Path | bytes | EncodedImage, *, topk: int = 5) -> Future:
         """A ``Future`` of the image's ``Prediction``; requests waiting together run as one batch."""
         if self._batcher is None:
-            self._batcher = MicroBatcher(lambda items: self._predictions(items, topk),
-                                         max_batch_size=self.max_batch_size)
-        return self._batcher.submit(_encoded(image, 0))
+            self._batcher = MicroBatcher(self._serve, max_batch_size=self.max_batch_size)
+        return self._batcher.submit((_encoded(image, 0), topk))
+
+    def _serve(self, requests: list[tuple[EncodedImage, int]]) -> list[Prediction]:
+        """One batch of ``submit`` requests, each cut to its own ``topk``."""
+        predictions = self._predictions([image for image, _ in requests], max(k for _, k in requests))
+        return [Prediction(p.image, p.top[:k], p.converted_from) for p, (_, k) in zip(predictions, requests)]
 
     def close(self) -> None:
         if self._batcher is not None:

@@ -183,7 +183,7 @@ def test_submit_from_threads_matches_predict(predictor, val_files):
     futures = [None] * 12
 
     def client(i):
-        futures[i] = predictor.submit(val_files[i])
+        futures[i] = predictor.submit(val_files[i], topk=1 + i % 3)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
     for t in threads:
@@ -191,6 +191,7 @@ def test_submit_from_threads_matches_predict(predictor, val_files):
     for t in threads:
         t.join()
     assert [f.result(60).top[0][0] for f in futures] == expected
+    assert [len(f.result().top) for f in futures] == [1 + i % 3 for i in range(12)]
     predictor.close()
 
 
