@@ -108,6 +108,10 @@ def sample_id(path: str | os.PathLike, root: str | os.PathLike | None) -> str:
 def _problem(sample: str, where: str, code: str, text: str, *, depth: str = "fast", severity: str = "error",
              path: str | None = None) -> Problem:
     fix = _FIXES.get(code)
+    if code in ("truncated", "corrupt"):
+        text = f"cannot be decoded: it {text}"
+    elif code == "decode-failed":
+        text = f"cannot be decoded: {text}"
     message = f"{where} {text}" + (f"; {fix}" if fix and severity == "error" and code != "misnamed" else "")
     return Problem(sample=sample, path=path or where, code=code, message=message, severity=severity, depth=depth)
 
@@ -149,6 +153,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
     cache = settings.cache(identity or f"files:{os.path.abspath(root or os.path.dirname(files[0]) if files else '')}")
     infos: dict[str, ImageInfo] = {}
     fast: dict[str, list[tuple[str, str]]] = {}
+    known_full: dict[str, list] = {}
     todo = []
     for path in files:
         try:
@@ -164,6 +169,8 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         else:
             infos[path] = ImageInfo.from_json(entry["info"])
             fast[path] = infos[path].problems
+            if settings.depth == "fast" and entry.get("full"):  # a full pass found more: still true
+                known_full[path] = entry["full"]
             settings.tick(1 if settings.depth == "fast" else 0)
     with ThreadPoolExecutor(max(1, settings.threads)) as pool:
         for path, (sig, info) in zip(todo, pool.map(_inspect_file, todo)):
@@ -182,6 +189,8 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         too_large = _size_problem(info.pixels, info.width, info.height, settings) if info.format else None
         if too_large:
             problems.append(_problem(sid, path, "too-large", too_large))
+        if path in known_full:
+            problems.append(_problem(sid, path, *known_full[path], depth="full"))
     if settings.depth == "full":
         refused = {p.path for p in problems if p.severity == "error"}
         decodable = [p for p in files if p not in refused]

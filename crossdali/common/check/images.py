@@ -161,7 +161,7 @@ def inspect_image(data: bytes, *, extension: str | None = None) -> ImageInfo:
                                                   f"Pillow: {type(e).__name__}: {e})"))
         return info
     if info.format not in DALI_FORMATS:
-        info.problems.append(("unsupported-format", f"is a {info.format} image, which DALI cannot decode "
+        info.problems.append(("unsupported-format", f"is a {info.format} file, which DALI cannot decode "
                                                     "(it decodes JPEG, PNG, BMP, TIFF, JPEG 2000, WebP, PNM)"))
         return info
     if info.format == "JPEG":
