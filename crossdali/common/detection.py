@@ -168,7 +168,7 @@ def coco_problems(coco: object, ann_path: Path, images_dir: Path, *, root: Path 
         if info is not None and info.format and width and (info.width, info.height) != (int(width), int(height)):
             bad("size-mismatch", name, f"image id {im['id']} is {int(width)}x{int(height)} in the annotation file but "
                 f"{images_dir / name} is {info.width}x{info.height}: DALI makes the boxes relative with the JSON's size, "
-                f"so they would be off by {info.width / width:.3g}x / {info.height / height:.3g}x", im,
+                f"so its boxes would be scaled by {info.width / width:.3g} x {info.height / height:.3g}", im,
                 "write the image's real width/height into the JSON")
         sizes[im["id"]] = (width, height)
         names[im["id"]] = name
@@ -284,6 +284,8 @@ def resolve_detection_source(data: str | Path, split: str, *, annotations_file: 
         settings = CheckSettings(threads=8, **({"max_pixels": max_pixels} if max_pixels else {}))
         image_problems, infos = check_image_files(files, root=images_dir.parent, settings=settings)
     problems = coco_problems(coco, ann_path, images_dir, root=images_dir.parent, image_infos=infos) + image_problems
+    if not validate:  # only what stops the source from being built at all (the check reports the rest)
+        problems = [p for p in problems if p.code in ("bad-annotations", "duplicate-id")]
     error = problems_error(problems, where=str(original), total=len(coco["images"]), data_hint=str(root))
     if error is not None:
         raise error
