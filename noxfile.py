@@ -27,7 +27,8 @@ nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-mxne
 
 
 def _env() -> dict[str, str]:
-    return {"CROSSDALI_DATA": str(DATA), "CROSSDALI_PARITY_DIR": str(PARITY), "PYTHONHASHSEED": "0"}
+    return {"CROSSDALI_DATA": str(DATA), "CROSSDALI_PARITY_DIR": str(PARITY), "CROSSDALI_CACHE": str(ROOT / ".cache"),
+            "PYTHONHASHSEED": "0"}
 
 
 def _install(session: nox.Session, framework: str) -> None:
@@ -57,7 +58,7 @@ def tests_pytorch(session: nox.Session) -> None:
     """Common pipelines, PyTorch loaders and training, torchrun launches (CPU)."""
     _install(session, "pytorch")
     _parity_mark(session, "pytorch")
-    _pytest(session, "tests/common", "tests/pytorch", "tests/video", "tests/detection")
+    _pytest(session, "tests/common", "tests/pytorch", "tests/video", "tests/detection", "tests/conformance")
     _parity_dump(session, "pytorch")
 
 
@@ -68,7 +69,8 @@ def tests_tensorflow(session: nox.Session) -> None:
     # the plugin compiles against the TensorFlow just installed: no build isolation
     session.install("--no-build-isolation", "-r", "requirements/tensorflow-plugin.txt")
     _parity_mark(session, "tensorflow")
-    _pytest(session, "tests/tensorflow", "tests/detection/test_tf_detection.py", "tests/video/test_tensorflow_video.py")
+    _pytest(session, "tests/tensorflow", "tests/detection/test_tf_detection.py", "tests/video/test_tensorflow_video.py",
+            "tests/conformance")
     _parity_dump(session, "tensorflow")
 
 
@@ -78,7 +80,7 @@ def tests_mxnet(session: nox.Session) -> None:
     training, dist_sync workers (CPU). Its own env: mxnet 1.9.1 needs numpy 1.23."""
     _install(session, "mxnet")
     _parity_mark(session, "mxnet")
-    _pytest(session, "tests/mxnet")
+    _pytest(session, "tests/mxnet", "tests/conformance")
     _parity_dump(session, "mxnet")
 
 
