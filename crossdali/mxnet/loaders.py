@@ -397,7 +397,8 @@ def create_classification_loader(
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="CHW")
     if backend == "dali-gpu" and mx.context.num_gpus() == 0:
         raise RuntimeError("--data-backend dali-gpu needs MXNet built with CUDA and a visible GPU; this MXNet sees "
-                           "none (the PyPI `mxnet` wheel is CPU-only: install mxnet-cu112 or use dali-cpu)")
+                           "none (the PyPI `mxnet` wheel is CPU-only; the CUDA builds, mxnet-cu112/cu117, run on GPUs "
+                           "up to sm_86, not on an H100: see docs/mxnet.md). Use --data-backend dali-cpu")
 
     if backend == "synthetic":
         gpu_id = device_id if device_id is not None else dist.local_rank
