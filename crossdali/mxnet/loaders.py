@@ -19,7 +19,6 @@ Every backend also implements the loader contract (``crossdali.common.loaders.Lo
 
 from __future__ import annotations
 
-import base64
 import logging
 import math
 from dataclasses import replace
@@ -32,7 +31,7 @@ from nvidia.dali.plugin.base_iterator import _DaliBaseIterator
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch
-from crossdali.common.loaders import SplitPlan, prepare_split
+from crossdali.common.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint, prepare_split
 from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
@@ -215,7 +214,7 @@ class DALIClassificationIter(_EpochIter, _DaliBaseIterator):
     def state_dict(self) -> dict:
         state = super().state_dict()
         if self._options.checkpointing:
-            state["dali"] = base64.b64encode(self.checkpoints()[0]).decode("ascii")
+            state["dali"] = encode_dali_checkpoint(self.checkpoints()[0])
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -229,7 +228,7 @@ class DALIClassificationIter(_EpochIter, _DaliBaseIterator):
         if not self._options.checkpointing:
             raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
                              "checkpointing: pass checkpointing=True to create_classification_loader")
-        self._start(replace(self._options, checkpoint=base64.b64decode(state["dali"])))
+        self._start(replace(self._options, checkpoint=decode_dali_checkpoint(state["dali"])))
         self._load_counters(state)
 
 
