@@ -101,13 +101,14 @@ def _tf_dataset_epoch(loader, place: str):
     steps = loader.steps_per_epoch
 
     def epoch():
-        n, images = 0, None
+        n, images, delivered = 0, None, ""
         for _ in range(steps):
             images, labels = next(it)
-            with tf.device(place):  # where a model step needs them
+            delivered = images.device  # where tf.data hands the batch over
+            with tf.device(place):  # where a model step needs it
                 images, labels = tf.identity(images), tf.identity(labels)
             n += int(images.shape[0])
-        return n, images.device, images
+        return n, delivered, images
 
     return epoch
 
