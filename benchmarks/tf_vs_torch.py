@@ -77,7 +77,7 @@ def _time_epochs(epoch, *, min_seconds: float) -> dict:
 
 def _wait(x) -> None:
     """Block until ``x`` (a TF or torch tensor) is computed: one scalar read back."""
-    if hasattr(x, "numpy"):
+    if tf.is_tensor(x):
         float(tf.reshape(x, [-1])[0])
     else:
         import torch

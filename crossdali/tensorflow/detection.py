@@ -79,7 +79,8 @@ def create_detection_loader(
                       lambda opts: create_detection_pipeline(source, train=train, options=opts, transform=t),
                       names=TRAIN_OUTPUTS if train else VAL_OUTPUTS, output_shapes=shapes, output_dtypes=dtypes,
                       reader_name=READER_NAME, flatten=("image_ids",),
-                      explain=lambda e: explain_detection_failure(source, e))
+                      # val's boxes, labels and image ids come from the reader on the CPU: copied to the GPU
+                      host_outputs=not train, explain=lambda e: explain_detection_failure(source, e))
 
 
 def create_detection_dataset(data: str | Path | DetectionSource, **kwargs) -> tf.data.Dataset:

@@ -175,12 +175,14 @@ def check_pipeline_outputs(pipeline, *, output_shapes, output_dtypes) -> None:
 
 
 def dali_dataset(pipeline, *, batch_size: int, output_shapes, output_dtypes, device_id: int | None,
-                 check_outputs: bool = True) -> tf.data.Dataset:
+                 check_outputs: bool = True, host_outputs: bool = False) -> tf.data.Dataset:
     """``DALIDataset`` over ``pipeline`` on ``/CPU:0`` (``device_id=None``) or on the TF GPU that is
     CUDA device ``device_id``, running with the pipeline's own thread count and queue depth.
 
     ``check_outputs`` runs the pipeline object once first (see ``check_pipeline_outputs``); the
     dataset itself runs a fresh copy deserialized from it, so the check consumes nothing.
+    ``host_outputs``: a GPU pipeline with some outputs on the CPU (DALIDataset refuses it, "TF device
+    and DALI device mismatch", unless told that they are to be copied to the GPU).
     """
     import nvidia.dali.plugin.tf as dali_tf  # defer: the plugin loads a compiled TF op library
 
@@ -196,7 +198,8 @@ def dali_dataset(pipeline, *, batch_size: int, output_shapes, output_dtypes, dev
               else dict(prefetch_queue_depth=depth))
     with tf.device(tf_device(device_id)):
         ds = dali_tf.DALIDataset(pipeline=pipeline, batch_size=batch_size, output_shapes=shapes, output_dtypes=dtypes,
-                                 device_id=device_id, num_threads=pipeline.num_threads, **queues)
+                                 device_id=device_id, num_threads=pipeline.num_threads,
+                                 fail_on_device_mismatch=not host_outputs, **queues)
     if check_outputs:
         check_pipeline_outputs(pipeline, output_shapes=shapes, output_dtypes=dtypes)
     return ds
@@ -221,13 +224,14 @@ class DALILoader:
 
     ``state_dict`` is epoch-level: DALIDataset cannot restore DALI's checkpoints (see
     ``NO_DALI_CHECKPOINTS``), so a restored loader continues the epoch count and starts that
-    epoch's data from its beginning, in a fresh run's order.
+    epoch's data from its beginning, in a fresh run's order. ``host_outputs``: the pipeline leaves
+    some outputs on the CPU in GPU mode; DALIDataset copies them to the GPU.
     """
 
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
                  names: tuple[str, ...], output_shapes, output_dtypes, reader_name: str,
                  explain: Callable[[Exception], Exception], flatten: tuple[str, ...] = ("labels",),
-                 twin_on_cpu: bool = True) -> None:
+                 twin_on_cpu: bool = True, host_outputs: bool = False) -> None:
         if options.checkpointing:
             raise ValueError(NO_DALI_CHECKPOINTS)
         self.plan, self.source, self.policy, self.backend = plan, plan.source, plan.policy, plan.backend
@@ -240,7 +244,7 @@ class DALILoader:
         dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
         self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
         self._raw = dali_dataset(build(options), batch_size=self.batch_size, output_shapes=shapes, output_dtypes=dtypes,
-                                 device_id=options.pipeline_device_id, check_outputs=False)
+                                 device_id=options.pipeline_device_id, check_outputs=False, host_outputs=host_outputs)
         self._epoch0, self._pos, self._it = 0, 0, None
 
     def _epoch_plan(self, build, options, shapes, dtypes, *, twin_on_cpu: bool, reader_name: str) -> EpochPlan:
