@@ -20,7 +20,7 @@ from crossdali.common.classification import (  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
 from crossdali.common.sources import DataError, resolve_source  # noqa: E402
 from crossdali.tensorflow import create_classification_dataset, create_classification_loader  # noqa: E402
-from crossdali.tensorflow.datasets import dali_dataset  # noqa: E402
+from crossdali.tensorflow.loaders import dali_dataset  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 CROP = 48
