@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import jax
+import numpy as np
 from nvidia.dali.plugin.jax import DALIGenericIterator
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
@@ -169,9 +170,9 @@ class SyntheticLoader:
 
     def __init__(self, *, num_batches: int, batch_size: int, shape: tuple[int, ...], num_classes: int,
                  device: jax.Device, dtype: str) -> None:
-        kx, ky = jax.random.split(jax.random.key(0))
-        self.images = jax.device_put(jax.random.normal(kx, (batch_size, *shape), dtype=dtype), device)
-        self.labels = jax.device_put(jax.random.randint(ky, (batch_size,), 0, max(1, num_classes)), device)
+        rng = np.random.default_rng(0)  # numpy: jax.random would compile its generator first (seconds on a CPU)
+        self.images = jax.device_put(rng.standard_normal((batch_size, *shape), dtype=np.float32).astype(dtype), device)
+        self.labels = jax.device_put(rng.integers(0, max(1, num_classes), batch_size, dtype=np.int32), device)
         self.batch_size, self.num_classes, self.epoch = batch_size, num_classes, 0
         self._len = max(1, num_batches)
 
