@@ -23,7 +23,7 @@ PARITY = ROOT / ".cache" / "parity"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 # parity runs last: it compares the dumps that the tests-<framework> sessions wrote
-nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-mxnet", "tests-horovod", "parity"]
+nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-mxnet", "tests-horovod", "tests-jax", "parity"]
 
 
 def _env() -> dict[str, str]:
@@ -84,6 +84,15 @@ def tests_mxnet(session: nox.Session) -> None:
     _parity_dump(session, "mxnet")
 
 
+@nox.session(name="tests-jax")
+def tests_jax(session: nox.Session) -> None:
+    """JAX loaders on DALI's JAX iterator (CPU pipelines: it takes them), flax/optax training (CPU jaxlib)."""
+    _install(session, "jax")
+    _parity_mark(session, "jax")
+    _pytest(session, "tests/jax")
+    _parity_dump(session, "jax")
+
+
 @nox.session(name="tests-horovod")
 def tests_horovod(session: nox.Session) -> None:
     """Horovod 0.28.1 built for PyTorch (scripts/install-horovod: about 10 min on 2 cores the first
@@ -99,12 +108,12 @@ def tests_horovod(session: nox.Session) -> None:
 
 @nox.session
 def parity(session: nox.Session) -> None:
-    """Bit-exact comparison of every framework's dump (fails unless PyTorch, TensorFlow and MXNet all dumped)."""
+    """Bit-exact comparison of every framework's dump (fails unless PyTorch, TensorFlow, MXNet and JAX all dumped)."""
     session.install("-r", "requirements/parity.txt")
     session.install("--no-deps", "-e", ".")
     _pytest(session, "tests/parity")
-    session.run("python", "-m", "crossdali.parity", "compare", str(PARITY), "--min-frameworks", "3",
-                "--expect", "pytorch,tensorflow,mxnet", env=_env())
+    session.run("python", "-m", "crossdali.parity", "compare", str(PARITY), "--min-frameworks", "4",
+                "--expect", "pytorch,tensorflow,mxnet,jax", env=_env())
 
 
 @nox.session

@@ -126,6 +126,24 @@ def _dump_mxnet(cfg: DumpConfig) -> dict[str, Batches]:
     return result
 
 
+def _dump_jax(cfg: DumpConfig) -> dict[str, Batches]:
+    from crossdali.jax import create_classification_loader  # defer: jax
+
+    result = {}
+    for split in SPLITS:
+        loader = create_classification_loader(cfg.data, train=split == "train", backend="dali-cpu",
+                                              batch_size=cfg.batch_size, crop_size=cfg.crop_size,
+                                              workers=cfg.workers, seed=cfg.seed, layout="HWC")
+        result[split] = _take(loader, cfg.batches, np.asarray, channels_last=True)
+    if cfg.video_data:
+        from crossdali.jax import create_video_loader
+
+        for split in VIDEO_SPLITS:
+            loader = create_video_loader(cfg.video_data, train=split == "video_train", **_video_kwargs(cfg))
+            result[split] = _take(loader, cfg.batches, np.asarray, channels_last=False)
+    return result
+
+
 def _video_kwargs(cfg: DumpConfig) -> dict:
     """The clip pipeline settings every framework dumps with (NCFHW, CPU mode)."""
     import importlib.util
@@ -140,6 +158,7 @@ DUMPERS: dict[str, Callable[[DumpConfig], dict[str, Batches]]] = {
     "pytorch": _dump_pytorch,
     "tensorflow": _dump_tensorflow,
     "mxnet": _dump_mxnet,
+    "jax": _dump_jax,
 }
 
 
