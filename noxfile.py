@@ -23,11 +23,12 @@ PARITY = ROOT / ".cache" / "parity"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 # parity runs last: it compares the dumps that the tests-<framework> sessions wrote
-nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-mxnet", "tests-horovod", "parity"]
+nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-mxnet", "tests-horovod", "tests-jax", "parity"]
 
 
 def _env() -> dict[str, str]:
-    return {"CROSSDALI_DATA": str(DATA), "CROSSDALI_PARITY_DIR": str(PARITY), "PYTHONHASHSEED": "0"}
+    return {"CROSSDALI_DATA": str(DATA), "CROSSDALI_PARITY_DIR": str(PARITY), "CROSSDALI_CACHE": str(ROOT / ".cache"),
+            "PYTHONHASHSEED": "0"}
 
 
 def _install(session: nox.Session, framework: str) -> None:
@@ -57,7 +58,7 @@ def tests_pytorch(session: nox.Session) -> None:
     """Common pipelines, PyTorch loaders and training, torchrun launches (CPU)."""
     _install(session, "pytorch")
     _parity_mark(session, "pytorch")
-    _pytest(session, "tests/common", "tests/pytorch", "tests/video", "tests/detection")
+    _pytest(session, "tests/common", "tests/pytorch", "tests/video", "tests/detection", "tests/conformance")
     _parity_dump(session, "pytorch")
 
 
@@ -68,7 +69,8 @@ def tests_tensorflow(session: nox.Session) -> None:
     # the plugin compiles against the TensorFlow just installed: no build isolation
     session.install("--no-build-isolation", "-r", "requirements/tensorflow-plugin.txt")
     _parity_mark(session, "tensorflow")
-    _pytest(session, "tests/tensorflow", "tests/detection/test_tf_detection.py", "tests/video/test_tensorflow_video.py")
+    _pytest(session, "tests/tensorflow", "tests/detection/test_tf_detection.py", "tests/video/test_tensorflow_video.py",
+            "tests/conformance")
     _parity_dump(session, "tensorflow")
 
 
@@ -78,8 +80,17 @@ def tests_mxnet(session: nox.Session) -> None:
     training, dist_sync workers (CPU). Its own env: mxnet 1.9.1 needs numpy 1.23."""
     _install(session, "mxnet")
     _parity_mark(session, "mxnet")
-    _pytest(session, "tests/mxnet")
+    _pytest(session, "tests/mxnet", "tests/conformance")
     _parity_dump(session, "mxnet")
+
+
+@nox.session(name="tests-jax")
+def tests_jax(session: nox.Session) -> None:
+    """JAX loaders on DALI's JAX iterator (CPU pipelines: it takes them), flax/optax training (CPU jaxlib)."""
+    _install(session, "jax")
+    _parity_mark(session, "jax")
+    _pytest(session, "tests/jax")
+    _parity_dump(session, "jax")
 
 
 @nox.session(name="tests-horovod")
@@ -97,12 +108,12 @@ def tests_horovod(session: nox.Session) -> None:
 
 @nox.session
 def parity(session: nox.Session) -> None:
-    """Bit-exact comparison of every framework's dump (fails unless PyTorch, TensorFlow and MXNet all dumped)."""
+    """Bit-exact comparison of every framework's dump (fails unless PyTorch, TensorFlow, MXNet and JAX all dumped)."""
     session.install("-r", "requirements/parity.txt")
     session.install("--no-deps", "-e", ".")
     _pytest(session, "tests/parity")
-    session.run("python", "-m", "crossdali.parity", "compare", str(PARITY), "--min-frameworks", "3",
-                "--expect", "pytorch,tensorflow,mxnet", env=_env())
+    session.run("python", "-m", "crossdali.parity", "compare", str(PARITY), "--min-frameworks", "4",
+                "--expect", "pytorch,tensorflow,mxnet,jax", env=_env())
 
 
 @nox.session

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_script("crossdali.common.sample_data.__main__", rest)
     if command == "check":
         sys.argv = ["crossdali check", *rest]
-        return _run_script("crossdali.common.check", rest)
+        return _run_script("crossdali.common.check.__main__", rest)
     if command in ("train", "bench") and asks_help:
         parser.parse_args([command, "--help"])  # prints the command's help and exits 0
     if command == "train":

@@ -3,21 +3,25 @@
     python -m crossdali.parity dump --framework pytorch --out .cache/parity      # in the torch env
     python -m crossdali.parity dump --framework tensorflow --out .cache/parity   # in the TF env
     python -m crossdali.parity compare .cache/parity                             # anywhere with numpy
+    python -m crossdali.parity gpu --out results/parity_gpu                      # GPU machine, all frameworks there
 
-``dump`` runs the shared train pipeline (fixed seed) and val pipeline in CPU mode (``dali-cpu``)
-(and, where the framework has a video wrapper, the clip pipeline's train and val: ``VIDEO_SPLITS``)
-through THAT framework's wrapper, converts the first K batches to numpy in one layout (NCHW) and
-writes ``<out>/<framework>.npz``. ``compare`` checks that all dumps present are identical bit for
-bit and fails loudly with the first differing framework pair, split, batch, sample index and the
-max abs difference; with fewer than ``--min-frameworks`` dumps it fails too (nothing was proven).
+``dump`` runs the shared train pipeline (fixed seed) and val pipeline (``dali-cpu`` by default,
+``--backend dali-gpu`` on a GPU) through THAT framework's wrapper, and, where the framework wraps
+them, the clip pipeline (``VIDEO_SPLITS``) and the SSD pipeline (``DETECTION_SPLITS``, with
+``--detection-data``); converts the first K batches to numpy in one layout (NCHW, integers as
+int64) and writes ``<out>/<framework>.npz``. ``compare`` checks that all dumps present are
+identical bit for bit and fails loudly with the first differing framework pair, split, batch,
+field, sample index and the max abs difference; with fewer than ``--min-frameworks`` dumps it
+fails too (nothing was proven).
 
-Only CPU mode is compared: on a GPU the mixed decoder (nvJPEG / the hardware JPEG decoder) may
-differ from the CPU decoder by a few grey levels, so GPU runs are equal across frameworks (same
-DALI ops, same seed) but not necessarily equal to the CPU dumps. See docs/parity.md.
+``gpu`` is the GPU harness: for the hardware JPEG decoder on and off it dumps every framework
+importable here with ``dali-gpu`` (each in its own process), compares them bit for bit, and
+measures how far the GPU batches are from the CPU pipeline's (the mixed decoder is not bit-exact
+to the CPU decoder); it writes ``summary.json``. See docs/parity.md.
 
-Adding a framework: write ``_dump_<name>(cfg) -> {split: [(images NCHW float32, labels (N,) int64), ...]}``
-importing the framework inside the function, and register it in ``DUMPERS``. This module imports
-only numpy at top level, so ``compare`` runs in a light environment.
+Adding a framework: write ``_dump_<name>(cfg) -> {split: [batch, ...]}`` (a batch is the tuple of
+``SPLIT_FIELDS[split]`` arrays) importing the framework inside the function, and register it in
+``DUMPERS``. This module imports only numpy at top level, so ``compare`` runs in a light environment.
 """
 
 from __future__ import annotations
@@ -33,12 +37,21 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DumpConfig", "DUMPERS", "ParityError", "dump", "compare", "load_dump", "mark_session_started"]
+__all__ = ["DumpConfig", "DUMPERS", "ParityError", "dump", "compare", "load_dump", "mark_session_started", "gpu_parity"]
 
 SPLITS = ("train", "val")
 #: Video clip batches (``crossdali.common.video``, NCFHW), dumped by the frameworks that have a video
 #: wrapper when ``DumpConfig.video_data`` is set; compared among the dumps that hold them.
 VIDEO_SPLITS = ("video_train", "video_val")
+#: SSD batches, dumped by the frameworks with a detection wrapper when ``DumpConfig.detection_data`` is set.
+DETECTION_SPLITS = ("detection_train", "detection_val")
+#: The arrays of one batch, per split, in the order the loaders yield them.
+SPLIT_FIELDS = {
+    "train": ("images", "labels"), "val": ("images", "labels"),
+    "video_train": ("images", "labels"), "video_val": ("images", "labels"),
+    "detection_train": ("images", "offsets", "labels"),
+    "detection_val": ("images", "boxes", "labels", "image_ids"),
+}
 LAYOUT = "NCHW"
 
 
@@ -57,18 +70,34 @@ class DumpConfig:
     workers: int = 2
     seed: int = 7
     video_data: str = ""  # the video sample set ("" = no video clips in the dump)
+    detection_data: str = ""  # the COCO-format sample set ("" = no SSD batches in the dump)
+    backend: str = "dali-cpu"
+    hw_decoder_load: float = 1.0
 
 
-Batches = list[tuple[np.ndarray, np.ndarray]]
+Batches = list[tuple[np.ndarray, ...]]
 
 
-def _take(loader: Iterable, count: int, to_numpy: Callable, *, channels_last: bool) -> Batches:
+def _field(name: str, array: np.ndarray) -> np.ndarray:
+    """One layout for every framework: integers (and MXNet's float32 labels) as int64, label/id vectors as (N,)."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.kind in "iu" or name in ("labels", "image_ids"):
+        array = array.astype(np.int64)
+    if name in ("labels", "image_ids") and array.ndim == 2 and array.shape[1] == 1:
+        array = array.reshape(-1)
+    return array
+
+
+def _take(loader: Iterable, count: int, to_numpy: Callable, *, channels_last: bool, split: str = "train") -> Batches:
+    fields = SPLIT_FIELDS[split]
     out: Batches = []
-    for images, labels in loader:
-        x = np.asarray(to_numpy(images))
+    for batch in loader:
+        arrays = [np.asarray(to_numpy(t)) for t in batch]
+        if len(arrays) != len(fields):
+            raise ValueError(f"{split}: the loader gave {len(arrays)} arrays per batch, expected {fields}")
         if channels_last:
-            x = x.transpose(0, 3, 1, 2)
-        out.append((np.ascontiguousarray(x), np.asarray(to_numpy(labels)).reshape(-1).astype(np.int64)))
+            arrays[0] = arrays[0].transpose(0, 3, 1, 2)
+        out.append(tuple(_field(name, a) for name, a in zip(fields, arrays)))
         if len(out) == count:
             break
     if len(out) < count:
@@ -76,40 +105,52 @@ def _take(loader: Iterable, count: int, to_numpy: Callable, *, channels_last: bo
     return out
 
 
-def _dump_pytorch(cfg: DumpConfig) -> dict[str, Batches]:
-    from crossdali.pytorch import create_classification_loader  # defer: torch
+def _classification_kwargs(cfg: DumpConfig) -> dict:
+    return {"backend": cfg.backend, "batch_size": cfg.batch_size, "crop_size": cfg.crop_size, "workers": cfg.workers,
+            "seed": cfg.seed, "hw_decoder_load": cfg.hw_decoder_load}
 
+
+def _detection_kwargs(cfg: DumpConfig) -> dict:
+    return {"backend": cfg.backend, "batch_size": cfg.batch_size, "workers": cfg.workers, "seed": cfg.seed,
+            "hw_decoder_load": cfg.hw_decoder_load}
+
+
+def _dump_wrapper(cfg: DumpConfig, module, to_numpy: Callable, *, classification_layout: dict,
+                  channels_last: bool) -> dict[str, Batches]:
+    """Classification, and video / detection where ``module`` has their factories."""
     result = {}
     for split in SPLITS:
-        loader = create_classification_loader(cfg.data, train=split == "train", backend="dali-cpu",
-                                              batch_size=cfg.batch_size, crop_size=cfg.crop_size,
-                                              workers=cfg.workers, seed=cfg.seed)
-        result[split] = _take(loader, cfg.batches, lambda t: t.cpu().numpy(), channels_last=False)
-    if cfg.video_data:
-        from crossdali.pytorch import create_video_loader
-
+        loader = module.create_classification_loader(cfg.data, train=split == "train", **_classification_kwargs(cfg),
+                                                     **classification_layout)
+        result[split] = _take(loader, cfg.batches, to_numpy, channels_last=channels_last, split=split)
+    if cfg.video_data and hasattr(module, "create_video_loader"):
         for split in VIDEO_SPLITS:
-            loader = create_video_loader(cfg.video_data, train=split == "video_train", **_video_kwargs(cfg))
-            result[split] = _take(loader, cfg.batches, lambda t: t.cpu().numpy(), channels_last=False)
+            loader = module.create_video_loader(cfg.video_data, train=split == "video_train", **_video_kwargs(cfg))
+            result[split] = _take(loader, cfg.batches, to_numpy, channels_last=False, split=split)
+    if cfg.detection_data and hasattr(module, "create_detection_loader"):
+        for split in DETECTION_SPLITS:
+            loader = module.create_detection_loader(cfg.detection_data, train=split == "detection_train",
+                                                    **_detection_kwargs(cfg))
+            result[split] = _take(loader, cfg.batches, to_numpy, channels_last=False, split=split)
     return result
+
+
+def _dump_pytorch(cfg: DumpConfig) -> dict[str, Batches]:
+    import crossdali.pytorch as wrapper  # defer: torch
+
+    return _dump_wrapper(cfg, wrapper, lambda t: t.cpu().numpy(), classification_layout={}, channels_last=False)
 
 
 def _dump_tensorflow(cfg: DumpConfig) -> dict[str, Batches]:
-    from crossdali.tensorflow import create_classification_loader  # defer: tensorflow
+    import crossdali.tensorflow as wrapper  # defer: tensorflow
 
-    result = {}
-    for split in SPLITS:
-        loader = create_classification_loader(cfg.data, train=split == "train", backend="dali-cpu",
-                                              batch_size=cfg.batch_size, crop_size=cfg.crop_size,
-                                              workers=cfg.workers, seed=cfg.seed, layout="HWC")
-        result[split] = _take(loader, cfg.batches, lambda t: t.numpy(), channels_last=True)
-    if cfg.video_data:
-        from crossdali.tensorflow import create_video_loader
+    return _dump_wrapper(cfg, wrapper, lambda t: t.numpy(), classification_layout={"layout": "HWC"}, channels_last=True)
 
-        for split in VIDEO_SPLITS:
-            loader = create_video_loader(cfg.video_data, train=split == "video_train", **_video_kwargs(cfg))
-            result[split] = _take(loader, cfg.batches, lambda t: t.numpy(), channels_last=False)
-    return result
+
+def _dump_jax(cfg: DumpConfig) -> dict[str, Batches]:
+    import crossdali.jax as wrapper  # defer: jax
+
+    return _dump_wrapper(cfg, wrapper, np.asarray, classification_layout={"layout": "HWC"}, channels_last=True)
 
 
 def _dump_mxnet(cfg: DumpConfig) -> dict[str, Batches]:
@@ -117,20 +158,18 @@ def _dump_mxnet(cfg: DumpConfig) -> dict[str, Batches]:
 
     result = {}
     for split in SPLITS:
-        it = create_classification_loader(cfg.data, train=split == "train", backend="dali-cpu",
-                                          batch_size=cfg.batch_size, crop_size=cfg.crop_size,
-                                          workers=cfg.workers, seed=cfg.seed)
+        it = create_classification_loader(cfg.data, train=split == "train", **_classification_kwargs(cfg))
         n = cfg.batch_size
         rows = ((b.data[0][: n - b.pad], b.label[0][: n - b.pad]) for b in it)  # MXNet's padded last batch
-        result[split] = _take(rows, cfg.batches, lambda a: a.asnumpy(), channels_last=False)
+        result[split] = _take(rows, cfg.batches, lambda a: a.asnumpy(), channels_last=False, split=split)
     return result
 
 
 def _video_kwargs(cfg: DumpConfig) -> dict:
-    """The clip pipeline settings every framework dumps with (NCFHW, CPU mode)."""
+    """The clip pipeline settings every framework dumps with (NCFHW)."""
     import importlib.util
 
-    return {"backend": "dali-cpu", "batch_size": cfg.batch_size, "sequence_length": 8, "stride": 2,
+    return {"backend": cfg.backend, "batch_size": cfg.batch_size, "sequence_length": 8, "stride": 2,
             "crop_size": cfg.crop_size, "workers": cfg.workers, "seed": cfg.seed, "layout": "NCFHW",
             "validate": importlib.util.find_spec("av") is not None}  # probing the files needs PyAV
 
@@ -140,6 +179,7 @@ DUMPERS: dict[str, Callable[[DumpConfig], dict[str, Batches]]] = {
     "pytorch": _dump_pytorch,
     "tensorflow": _dump_tensorflow,
     "mxnet": _dump_mxnet,
+    "jax": _dump_jax,
 }
 
 
@@ -181,11 +221,12 @@ def dump(framework: str, out_dir: Path, cfg: DumpConfig) -> Path:
     batches = DUMPERS[framework](cfg)
     arrays = {}
     for split, items in batches.items():
-        for i, (images, labels) in enumerate(items):
-            arrays[f"{split}/{i}/images"] = images
-            arrays[f"{split}/{i}/labels"] = labels
+        for i, batch in enumerate(items):
+            for name, array in zip(SPLIT_FIELDS[split], batch):
+                arrays[f"{split}/{i}/{name}"] = array
     meta = {"framework": framework, "config": asdict(cfg), "layout": LAYOUT, "data_digest": _data_digest(Path(cfg.data)),
             "video_digest": _data_digest(Path(cfg.video_data)) if cfg.video_data else "",
+            "detection_digest": _data_digest(Path(cfg.detection_data)) if cfg.detection_data else "",
             "versions": _versions(framework), "time": time.time()}
     tmp = out_dir / f".{framework}.partial.npz"
     np.savez(tmp, __meta__=np.array(json.dumps(meta)), **arrays)
@@ -197,28 +238,33 @@ def load_dump(path: Path) -> tuple[dict, dict[str, Batches]]:
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["__meta__"]))
         batches: dict[str, Batches] = {}
-        for split in SPLITS + VIDEO_SPLITS:
+        for split, fields in SPLIT_FIELDS.items():
             i = 0
-            while f"{split}/{i}/images" in z:
-                batches.setdefault(split, []).append((z[f"{split}/{i}/images"], z[f"{split}/{i}/labels"]))
+            while f"{split}/{i}/{fields[0]}" in z:
+                batches.setdefault(split, []).append(tuple(z[f"{split}/{i}/{name}"] for name in fields))
                 i += 1
     return meta, batches
 
 
-def _first_difference(a: Batches, b: Batches) -> str | None:
+def _first_difference(a: Batches, b: Batches, *, split: str = "train") -> str | None:
+    """Where two frameworks' batches first differ (shape, dtype or a single bit), or ``None``."""
     if len(a) != len(b):
         return f"{len(a)} vs {len(b)} batches"
-    for i, ((xa, ya), (xb, yb)) in enumerate(zip(a, b)):
-        if xa.shape != xb.shape or xa.dtype != xb.dtype:
-            return f"batch {i}: images {xa.shape} {xa.dtype} vs {xb.shape} {xb.dtype}"
-        if not np.array_equal(ya, yb):
-            j = int(np.flatnonzero(ya != yb)[0]) if ya.shape == yb.shape else 0
-            return f"batch {i} sample {j}: labels {ya.tolist()} vs {yb.tolist()}"
-        same = xa.view(np.uint8).reshape(xa.shape[0], -1) == xb.view(np.uint8).reshape(xb.shape[0], -1)
-        if not same.all():
+    fields = SPLIT_FIELDS[split]
+    for i, (ba, bb) in enumerate(zip(a, b)):
+        labels_a = ba[fields.index("labels")]
+        for name, xa, xb in zip(fields, ba, bb):
+            if xa.shape != xb.shape or xa.dtype != xb.dtype:
+                return f"batch {i}: {name} {xa.shape} {xa.dtype} vs {xb.shape} {xb.dtype}"
+            same = xa.view(np.uint8).reshape(xa.shape[0], -1) == xb.view(np.uint8).reshape(xb.shape[0], -1)
+            if same.all():
+                continue
             j = int(np.flatnonzero(~same.all(axis=1))[0])
+            if name in ("labels", "image_ids") and xa.ndim == 1:
+                return f"batch {i} sample {j}: {name} {xa.tolist()} vs {xb.tolist()}"
             diff = np.abs(xa[j].astype(np.float64) - xb[j].astype(np.float64))
-            return (f"batch {i} sample {j} (label {int(ya[j])}): max abs diff {float(diff.max()):.6g}, "
+            label = f" (label {int(labels_a[j])})" if labels_a.ndim == 1 else ""
+            return (f"batch {i} sample {j}{label}: {name} max abs diff {float(diff.max()):.6g}, "
                     f"{int(np.count_nonzero(diff))} of {diff.size} values differ")
     return None
 
@@ -263,26 +309,85 @@ def compare(out_dir: Path, *, min_frameworks: int = 2, expect: Iterable[str] = (
     dumps = [(p.stem, *load_dump(p)) for p in paths]
     ref_name, ref_meta, ref = dumps[0]
     for name, meta, batches in dumps[1:]:
-        for key in ("config", "layout", "data_digest", "video_digest"):
+        for key in ("config", "layout", "data_digest", "video_digest", "detection_digest"):
             if meta.get(key) != ref_meta.get(key):
                 raise ParityError(f"{ref_name} and {name} dumps were made with different {key}: "
                                   f"{ref_meta.get(key)} vs {meta.get(key)}; dump both again with the same options")
         for split in SPLITS:
             if split not in ref or split not in batches:
                 raise ParityError(f"{ref_name if split not in ref else name} dump has no {split} batches")
-            problem = _first_difference(ref[split], batches[split])
+            problem = _first_difference(ref[split], batches[split], split=split)
             if problem:
                 raise ParityError(f"{ref_name} vs {name}, {split}: {problem}")
-    for split in VIDEO_SPLITS:  # only frameworks with a video wrapper dump these
+    for split in VIDEO_SPLITS + DETECTION_SPLITS:  # only frameworks with such a wrapper dump these
         holders = [(name, batches) for name, _, batches in dumps if split in batches]
         if len(holders) == 1:
             raise ParityError(f"only the {holders[0][0]} dump has {split} batches, nothing to compare them with: "
-                              "dump another framework with the same video data")
+                              "dump another framework with the same data")
         for name, batches in holders[1:]:
-            problem = _first_difference(holders[0][1][split], batches[split])
+            problem = _first_difference(holders[0][1][split], batches[split], split=split)
             if problem:
                 raise ParityError(f"{holders[0][0]} vs {name}, {split}: {problem}")
     return [d[0] for d in dumps]
+
+
+def dumped_splits(out_dir: Path, name: str) -> list[str]:
+    return [split for split in SPLIT_FIELDS if split in load_dump(Path(out_dir) / f"{name}.npz")[1]]
+
+
+def _first_images_difference(a: Batches, b: Batches) -> dict:
+    """Max / mean absolute difference of the images of two dumps of one split (same samples)."""
+    diffs = [np.abs(x[0].astype(np.float64) - y[0].astype(np.float64)) for x, y in zip(a, b)]
+    return {"max_abs": float(max(d.max() for d in diffs)), "mean_abs": float(np.mean([d.mean() for d in diffs])),
+            "labels_equal": all(np.array_equal(x[1], y[1]) for x, y in zip(a, b))}
+
+
+def gpu_parity(out_dir: Path, *, frameworks: Iterable[str], data: Path, video_data: Path | None,
+               detection_data: Path | None, hw_decoder_loads: Iterable[float] = (1.0, 0.0), timeout: float = 300) -> dict:
+    """The GPU harness: dump every framework with ``dali-gpu`` (each in its own process, hardware JPEG
+    decoder share by share), compare them bit for bit, and measure the distance to the CPU pipeline."""
+    import subprocess
+
+    out_dir = Path(out_dir)
+    common = ["--data", str(data)]
+    if video_data:
+        common += ["--video-data", str(video_data)]
+    if detection_data:
+        common += ["--detection-data", str(detection_data)]
+    summary: dict = {"command": " ".join(["python -m crossdali.parity", *sys.argv[1:]]), "configs": [],
+                     "frameworks": list(frameworks)}
+
+    def run_dump(framework: str, folder: Path, *extra: str) -> dict:
+        cmd = [sys.executable, "-m", "crossdali.parity", "dump", "--framework", framework, "--out", str(folder),
+               *common, *extra]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        row = {"framework": framework, "returncode": proc.returncode, "seconds": round(time.perf_counter() - start, 1)}
+        if proc.returncode != 0:
+            row["error"] = proc.stderr.strip()[-1500:]
+        return row
+
+    cpu = run_dump("pytorch", out_dir / "cpu", "--backend", "dali-cpu")
+    for load in hw_decoder_loads:
+        folder = out_dir / f"gpu-hw{load:g}"
+        rows = [run_dump(f, folder, "--backend", "dali-gpu", "--hw-decoder-load", str(load)) for f in frameworks]
+        config = {"backend": "dali-gpu", "hw_decoder_load": load, "dumps": rows}
+        dumped = [r["framework"] for r in rows if r["returncode"] == 0]
+        try:
+            config["identical"] = compare(folder, min_frameworks=2)
+            config["splits"] = dumped_splits(folder, config["identical"][0])
+        except ParityError as e:
+            config["identical"] = []
+            config["difference"] = str(e)
+        if cpu["returncode"] == 0 and "pytorch" in dumped:
+            _, gpu_batches = load_dump(folder / "pytorch.npz")
+            _, cpu_batches = load_dump(out_dir / "cpu" / "pytorch.npz")
+            config["gpu_vs_cpu"] = {split: _first_images_difference(gpu_batches[split], cpu_batches[split])
+                                    for split in gpu_batches if split in cpu_batches}
+        summary["configs"].append(config)
+    summary["cpu_reference"] = cpu
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -295,6 +400,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                    help="ImageFolder with train/ and val/; default: the tiny sample set (built if missing)")
     d.add_argument("--video-data", type=Path, default=None,
                    help="video set with train.txt/val.txt; default: the tiny video sample set (if PyAV can build it)")
+    d.add_argument("--detection-data", type=Path, default=None,
+                   help="COCO-format set; default: the tiny detection sample set")
+    d.add_argument("--backend", choices=("dali-cpu", "dali-gpu"), default="dali-cpu")
+    d.add_argument("--hw-decoder-load", type=float, default=1.0, help="hardware JPEG decoder share (dali-gpu)")
     for field in ("batches", "batch_size", "crop_size", "workers", "seed"):
         d.add_argument(f"--{field.replace('_', '-')}", type=int, default=DumpConfig.__dataclass_fields__[field].default)
     c = sub.add_parser("compare", help="compare all dumps in a folder, bit for bit")
@@ -305,41 +414,71 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     m.add_argument("out", type=Path)
     m.add_argument("--framework", required=True, choices=sorted(DUMPERS))
     m.add_argument("--session", required=True)
+    g = sub.add_parser("gpu", help="GPU harness: every framework here with dali-gpu, hardware decoder on and off")
+    g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--frameworks", default="", help="comma-separated (default: every importable one but mxnet)")
     return parser
+
+
+def _default_data(kind: str, size: str = "tiny") -> Path | None:
+    """A sample set for the dumps (built if missing); ``None`` where its builder's dependency is absent."""
+    try:
+        if kind == "classification":
+            from crossdali.common.sample_data import ensure_classification  # defer: PIL
+
+            return ensure_classification(size=size) / "imagefolder"
+        if kind == "video":
+            from crossdali.common.sample_data.video import ensure_video  # defer: PyAV
+
+            return ensure_video(size=size)
+        from crossdali.common.sample_data import ensure_detection
+
+        return ensure_detection(size=size)
+    except ImportError as e:
+        print(f"parity: no {kind} batches in this dump ({e})", file=sys.stderr)
+        return None
 
 
 def main(args: argparse.Namespace) -> None:
     if args.command == "dump":
-        data = args.data
-        if data is None:
-            from crossdali.common.sample_data import ensure_classification  # defer: PIL
-
-            data = ensure_classification(size="tiny") / "imagefolder"
-        video = args.video_data
-        if video is None:
-            try:
-                from crossdali.common.sample_data.video import ensure_video  # defer: PyAV
-
-                video = ensure_video(size="tiny")
-            except ImportError as e:
-                print(f"parity: no video clips in this dump ({e})", file=sys.stderr)
+        data = args.data or _default_data("classification")
+        video = args.video_data or _default_data("video", "gpu-tiny" if args.backend == "dali-gpu" else "tiny")
+        detection = args.detection_data or _default_data("detection")
         cfg = DumpConfig(data=str(Path(data).resolve()), batches=args.batches, batch_size=args.batch_size,
                          crop_size=args.crop_size, workers=args.workers, seed=args.seed,
-                         video_data=str(Path(video).resolve()) if video else "")
+                         video_data=str(Path(video).resolve()) if video else "",
+                         detection_data=str(Path(detection).resolve()) if detection else "",
+                         backend=args.backend, hw_decoder_load=args.hw_decoder_load)
         path = dump(args.framework, args.out, cfg)
         print(f"parity: wrote {path}")
         return
     if args.command == "mark":
         mark_session_started(args.out, args.framework, args.session)
         return
+    if args.command == "gpu":
+        import importlib.util
+
+        modules = {"pytorch": "torch", "tensorflow": "tensorflow", "jax": "jax"}
+        frameworks = [f for f in args.frameworks.split(",") if f] or \
+            [f for f, m in modules.items() if importlib.util.find_spec(m) is not None]
+        summary = gpu_parity(args.out, frameworks=frameworks, data=_default_data("classification"),
+                             video_data=_default_data("video", "gpu-tiny"), detection_data=_default_data("detection"))
+        for config in summary["configs"]:
+            same = ", ".join(config["identical"]) or "NOT identical: " + config.get("difference", "dumps failed")
+            print(f"dali-gpu hw_decoder_load={config['hw_decoder_load']:g}: {same}")
+        print(f"wrote {args.out / 'summary.json'}")
+        return
     try:
         names = compare(args.out, min_frameworks=args.min_frameworks, expect=[x for x in args.expect.split(",") if x])
     except ParityError as e:
         print(f"parity FAILED: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    video = [n for n in names if set(VIDEO_SPLITS) <= set(load_dump(Path(args.out) / f"{n}.npz")[1])]
-    clips = f"; video clips (NCFHW): {', '.join(video)}" if video else ""
-    print(f"parity: {', '.join(names)} identical bit for bit (train and val, CPU mode, layout {LAYOUT}{clips})")
+    held = {n: dumped_splits(args.out, n) for n in names}
+    extra = [f"{kind} ({', '.join(n for n in names if set(splits) <= set(held[n]))})"
+             for kind, splits in (("video clips", VIDEO_SPLITS), ("SSD batches", DETECTION_SPLITS))
+             if any(set(splits) <= set(held[n]) for n in names)]
+    print(f"parity: {', '.join(names)} identical bit for bit (classification train and val, layout {LAYOUT}"
+          + (f"; {'; '.join(extra)}" if extra else "") + ")")
 
 
 if __name__ == "__main__":

@@ -28,11 +28,15 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crossdali.common.anchors import BOX_CODER_STDS, ssd300_default_boxes
 from crossdali.common.classification import IMAGENET_MEAN, IMAGENET_STD
 from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import DataError, explain_files_failure
+
+if TYPE_CHECKING:
+    from crossdali.common.check.core import Problem
 
 __all__ = [
     "READER_NAME",
@@ -41,6 +45,7 @@ __all__ = [
     "DEBUG_OUTPUTS",
     "DetectionSource",
     "DetectionTransform",
+    "coco_problems",
     "resolve_detection_source",
     "create_detection_pipeline",
     "explain_detection_failure",
@@ -103,16 +108,148 @@ def _find_annotations(root: Path, split: str) -> tuple[Path, Path]:
                     "the sample set: python -m crossdali.common.sample_data --kind detection")
 
 
+def coco_problems(coco: object, ann_path: Path, images_dir: Path, *, root: Path | None = None,
+                  image_infos: dict | None = None) -> list[Problem]:
+    """Every problem of a COCO annotation file, not just the first: ``Problem`` rows whose
+    ``sample`` is the image file (relative to ``root``) or the annotation file for file-level ones.
+
+    Errors: malformed JSON structure, duplicate image ids, an image id without a file, an
+    annotation for an unknown image or category, a bbox that is not 4 numbers or lies outside its
+    image, non-positive width/height, and (with ``image_infos``: path -> header from the check's
+    fast pass) a width/height that disagrees with the image (DALI makes boxes relative with the
+    JSON's numbers: wrong boxes, silently). Warnings: images without annotations (left out of
+    training by ``skip_empty``), boxes under 0.1 px (dropped by the reader).
+    """
+    from crossdali.common.check.core import Problem, sample_id  # defer: the check package imports sources
+
+    ann_id = sample_id(ann_path, root)
+    problems: list[Problem] = []
+
+    def whole(text: str, fix: str) -> None:
+        problems.append(Problem(ann_id, str(ann_path), "bad-annotations", f"{ann_path}: {text}; {fix}"))
+
+    def bad(code: str, file: str | None, what: str, entry: object, fix: str, severity: str = "error") -> None:
+        sid = sample_id(images_dir / file, root) if file else ann_id
+        problems.append(Problem(sid, str(images_dir / file) if file else str(ann_path), code,
+                                f"{ann_path}: {what} in {json.dumps(entry)[:200]}; {fix}", severity=severity))
+
+    if not isinstance(coco, dict) or not all(isinstance(coco.get(k), list) for k in ("images", "annotations", "categories")):
+        whole("is not COCO format: it needs lists 'images', 'annotations' and 'categories' at the top level",
+              "re-export it in COCO format")
+        return problems
+    categories = set()
+    for c in coco["categories"]:
+        if not isinstance(c, dict) or not isinstance(c.get("id"), int):
+            bad("bad-annotations", None, "category without an integer 'id'", c, "give every category an integer id")
+            continue
+        categories.add(c["id"])
+    if not categories:
+        whole("lists no categories", "a detector needs at least one")
+    sizes: dict[object, tuple[float, float]] = {}
+    names: dict[object, str] = {}
+    for im in coco["images"]:
+        if not isinstance(im, dict) or not all(k in im for k in ("id", "file_name", "width", "height")):
+            bad("bad-annotations", None, "image entry without id/file_name/width/height", im, "add the missing keys")
+            continue
+        name = str(im["file_name"])
+        if im["id"] in sizes:
+            bad("duplicate-id", name, f"duplicate image id {im['id']} (also {names[im['id']]})", im,
+                "image ids must be unique: renumber one (and its annotations) or remove it")
+            continue
+        if not (images_dir / name).is_file():
+            bad("missing-file", name, f"image id {im['id']} has no file {images_dir / name}", im,
+                "add the file or remove the image and its annotations from the JSON")
+        width, height = im["width"], im["height"]
+        if not (isinstance(width, int | float) and isinstance(height, int | float)) or width <= 0 or height <= 0:
+            bad("size-mismatch", name, f"image id {im['id']} has width/height {width}x{height}", im,
+                "write the image's real size in pixels")
+            width = height = 0
+        info = (image_infos or {}).get(str(images_dir / name))
+        if info is not None and info.format and width and (info.width, info.height) != (int(width), int(height)):
+            bad("size-mismatch", name, f"image id {im['id']} is {int(width)}x{int(height)} in the annotation file but "
+                f"{images_dir / name} is {info.width}x{info.height}: DALI makes the boxes relative with the JSON's size, "
+                f"so its boxes would be scaled by {info.width / width:.3g} x {info.height / height:.3g}", im,
+                "write the image's real width/height into the JSON")
+        sizes[im["id"]] = (width, height)
+        names[im["id"]] = name
+    with_boxes: set = set()
+    annotated: set = set()
+    tol = _BOX_TOLERANCE_PX
+    for a in coco["annotations"]:
+        if not isinstance(a, dict) or "image_id" not in a or "bbox" not in a or "category_id" not in a:
+            bad("bad-annotations", None, "annotation without image_id/category_id/bbox", a, "add the missing keys")
+            continue
+        if a["image_id"] not in sizes:
+            bad("bad-annotations", None, f"annotation for image id {a['image_id']}, which is not in 'images'", a,
+                "add the image entry or remove the annotation")
+            continue
+        name = names[a["image_id"]]
+        annotated.add(a["image_id"])
+        if a["category_id"] not in categories:
+            bad("bad-annotations", name, f"annotation with category id {a['category_id']}, which is not in 'categories'",
+                a, "add the category or fix the id")
+            continue
+        box = a["bbox"]
+        if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, int | float) for v in box)):
+            bad("box-outside", name, "bbox is not [x, y, width, height]", a, "write boxes as four numbers in pixels")
+            continue
+        x, y, w, h = box
+        width, height = sizes[a["image_id"]]
+        if width and (w < 0 or h < 0 or x < -tol or y < -tol or x + w > width + tol or y + h > height + tol):
+            bad("box-outside", name, f"box {box} lies outside its image {name} ({width}x{height})", a,
+                "clip the box to the image or fix the image's width/height")
+            continue
+        if w < 0.1 or h < 0.1:
+            bad("empty-box", name, f"box {box} is empty (under 0.1 px): the reader drops it", a,
+                "remove the annotation or give it a real size", severity="warning")
+            continue
+        if not a.get("iscrowd", 0):
+            with_boxes.add(a["image_id"])
+    for image_id, name in names.items():
+        if image_id not in annotated:
+            bad("no-annotations", name, f"image id {image_id} has no annotations: left out of training (skip_empty), "
+                "kept in validation as an image without objects", {"id": image_id, "file_name": name},
+                "annotate it if it has objects", severity="warning")
+    return problems
+
+
+def _filtered_annotations(ann_path: Path, images_dir: Path, coco: dict, exclusions) -> tuple[Path, dict, int]:
+    """A copy of the annotation file without the excluded images and their annotations, in the
+    check cache (``fn.readers.coco`` and every other reader then never see them)."""
+    import hashlib
+
+    from crossdali.common.check.cache import default_cache_dir
+
+    dropped = {im.get("id") for im in coco["images"] if isinstance(im, dict)
+               and exclusions.excludes_file(images_dir / str(im.get("file_name", "")))}
+    if not dropped:
+        return ann_path, coco, 0
+    kept = dict(coco, images=[im for im in coco["images"] if not (isinstance(im, dict) and im.get("id") in dropped)],
+                annotations=[a for a in coco["annotations"] if not (isinstance(a, dict) and a.get("image_id") in dropped)])
+    digest = hashlib.sha1(f"{ann_path.resolve()}:{ann_path.stat().st_mtime_ns}:{sorted(map(str, dropped))}".encode())
+    out = default_cache_dir() / "exclude" / digest.hexdigest()[:16] / ann_path.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(kept), encoding="utf-8")
+    return out, kept, len(dropped)
+
+
 def resolve_detection_source(data: str | Path, split: str, *, annotations_file: str | Path | None = None,
-                             file_root: str | Path | None = None, skip_empty: bool | None = None) -> DetectionSource:
+                             file_root: str | Path | None = None, skip_empty: bool | None = None,
+                             validate: bool = True, exclude=None, max_pixels: int | None = None) -> DetectionSource:
     """Find and validate one split of a COCO-format dataset up front.
 
-    DALI's COCO reader fails late and vaguely on a bad entry (or silently drops it); this reads
-    the JSON once and raises ``DataError`` naming the entry and the fix for: a missing or
-    malformed annotation file, missing keys, an image id without a file, a box outside its
-    image, an annotation whose image or category does not exist. ``skip_empty`` defaults to
-    True for train (SSD cannot learn from an image without boxes) and False for val.
+    DALI's COCO reader fails late and vaguely on a bad entry (or silently drops it, or makes
+    boxes relative with a wrong size); this reads the JSON once and raises one ``DataError``
+    listing every bad entry and the fix (see ``coco_problems``). ``validate`` also runs the fast
+    pass of ``crossdali check`` over the image files (headers against the JSON's sizes, formats,
+    truncation, size limit; cached by path, size and mtime). ``exclude`` (an exclusion list or
+    image paths) leaves images out through a filtered copy of the annotation file.
+    ``skip_empty`` defaults to True for train (SSD cannot learn from an image without boxes) and
+    False for val.
     """
+    from crossdali.common.check.core import CheckSettings, check_image_files, problems_error
+    from crossdali.common.check.exclude import load_exclusions
+
     root = Path(data)
     if annotations_file is None:
         if not root.is_dir():
@@ -133,50 +270,29 @@ def resolve_detection_source(data: str | Path, split: str, *, annotations_file: 
     if not isinstance(coco, dict) or not all(isinstance(coco.get(k), list) for k in ("images", "annotations", "categories")):
         raise DataError(f"annotation file {ann_path} is not COCO format: it needs lists 'images', 'annotations' "
                         "and 'categories' at the top level")
-
-    def bad(what: str, entry: dict, fix: str) -> DataError:
-        return DataError(f"{ann_path}: {what} in {json.dumps(entry)[:200]}; {fix}")
-
-    categories = {}
-    for c in coco["categories"]:
-        if not isinstance(c, dict) or not isinstance(c.get("id"), int):
-            raise bad("category without an integer 'id'", c, "give every category an integer id")
-        categories[c["id"]] = str(c.get("name", c["id"]))
-    if not categories:
-        raise DataError(f"{ann_path} lists no categories; a detector needs at least one")
-    sizes: dict[int, tuple[int, int]] = {}
-    names: dict[int, str] = {}
-    for im in coco["images"]:
-        if not isinstance(im, dict) or not all(k in im for k in ("id", "file_name", "width", "height")):
-            raise bad("image entry without id/file_name/width/height", im, "add the missing keys")
-        if im["id"] in sizes:
-            raise bad(f"duplicate image id {im['id']}", im, "image ids must be unique")
-        if not (images_dir / im["file_name"]).is_file():
-            raise bad(f"image id {im['id']} has no file {images_dir / im['file_name']}", im,
-                      "add the file or remove the image and its annotations from the JSON")
-        sizes[im["id"]] = (int(im["width"]), int(im["height"]))
-        names[im["id"]] = im["file_name"]
-    with_boxes = set()
-    tol = _BOX_TOLERANCE_PX
-    for a in coco["annotations"]:
-        if not isinstance(a, dict) or "image_id" not in a or "bbox" not in a or "category_id" not in a:
-            raise bad("annotation without image_id/category_id/bbox", a, "add the missing keys")
-        if a["image_id"] not in sizes:
-            raise bad(f"annotation for image id {a['image_id']}, which is not in 'images'", a,
-                      "add the image entry or remove the annotation")
-        if a["category_id"] not in categories:
-            raise bad(f"annotation with category id {a['category_id']}, which is not in 'categories'", a,
-                      "add the category or fix the id")
-        box = a["bbox"]
-        if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, int | float) for v in box)):
-            raise bad("bbox is not [x, y, width, height]", a, "write boxes as four numbers in pixels")
-        x, y, w, h = box
-        width, height = sizes[a["image_id"]]
-        if w < 0 or h < 0 or x < -tol or y < -tol or x + w > width + tol or y + h > height + tol:
-            raise bad(f"box {box} lies outside its image {names[a['image_id']]} ({width}x{height})", a,
-                      "clip the box to the image or fix the image's width/height")
-        if not a.get("iscrowd", 0):
-            with_boxes.add(a["image_id"])
+    exclusions = load_exclusions(exclude)
+    original = ann_path
+    if exclusions:
+        ann_path, coco, dropped = _filtered_annotations(ann_path, images_dir, coco, exclusions)
+        log.warning("%s: excluded %d of %d images listed in %s", original, dropped,
+                    dropped + len(coco["images"]), exclusions.origin or "exclude=")
+    infos = None
+    files = sorted({str(images_dir / str(im["file_name"])) for im in coco["images"]
+                    if isinstance(im, dict) and "file_name" in im and (images_dir / str(im["file_name"])).is_file()})
+    image_problems = []
+    if validate and files:
+        settings = CheckSettings(threads=8, **({"max_pixels": max_pixels} if max_pixels else {}))
+        image_problems, infos = check_image_files(files, root=images_dir.parent, settings=settings)
+    problems = coco_problems(coco, ann_path, images_dir, root=images_dir.parent, image_infos=infos) + image_problems
+    if not validate:  # only what stops the source from being built at all (the check reports the rest)
+        problems = [p for p in problems if p.code in ("bad-annotations", "duplicate-id")]
+    error = problems_error(problems, where=str(original), total=len(coco["images"]), data_hint=str(root))
+    if error is not None:
+        raise error
+    categories = {c["id"]: str(c.get("name", c["id"])) for c in coco["categories"]}
+    sizes = {im["id"]: (int(im["width"]), int(im["height"])) for im in coco["images"]}
+    with_boxes = {a["image_id"] for a in coco["annotations"] if not a.get("iscrowd", 0)
+                  and a["bbox"][2] >= 0.1 and a["bbox"][3] >= 0.1}
     num = len(with_boxes) if skip_empty else len(sizes)
     if num == 0:
         raise DataError(f"{ann_path} has no image with a (non-crowd) box; nothing to train on")

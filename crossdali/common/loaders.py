@@ -18,6 +18,7 @@ pipeline.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -26,7 +27,7 @@ from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
 from crossdali.common.options import PipelineOptions, check_backend, pipeline_options
 
-__all__ = ["Loader", "SplitPlan", "prepare_split"]
+__all__ = ["Loader", "SplitPlan", "prepare_split", "encode_dali_checkpoint", "decode_dali_checkpoint"]
 
 
 @runtime_checkable
@@ -126,3 +127,15 @@ def prepare_split(
                        batch_size=batch_size, num_shards=dist.world_size, policy=policy)
     return SplitPlan(source=source, split=split, train=train, backend=backend, batch_size=batch_size, dist=dist,
                      policy=policy, num_samples=num_samples)
+
+
+def encode_dali_checkpoint(checkpoint: bytes | str) -> str:
+    """A DALI pipeline checkpoint (bytes from ``iterator.checkpoints()``) as ASCII text, so a loader's
+    ``state_dict`` stays plain JSON-able values (and loads with ``torch.load(weights_only=True)``)."""
+    raw = checkpoint.encode() if isinstance(checkpoint, str) else bytes(checkpoint)
+    return base64.b64encode(raw).decode("ascii")
+
+
+def decode_dali_checkpoint(text: str) -> bytes:
+    """The checkpoint ``encode_dali_checkpoint`` wrote, for ``Pipeline(checkpoint=...)``."""
+    return base64.b64decode(text.encode("ascii"), validate=True)

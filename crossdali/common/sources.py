@@ -8,11 +8,16 @@ and the native loaders of every framework see the same files with the same label
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from crossdali.common.check.exclude import Exclusions, load_exclusions
 
 __all__ = [
     "TFRECORD_IMAGE_KEY",
@@ -28,6 +33,7 @@ __all__ = [
     "find_undecodable",
     "explain_decode_failure",
     "explain_files_failure",
+    "validate_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -109,23 +115,41 @@ def sniff_image_bytes(head: bytes) -> str | None:
 
 
 def check_image_headers(files: list[str] | tuple[str, ...], *, threads: int = 16) -> None:
-    """Raise ``DataError`` for the first file whose content is not a format DALI decodes.
-
-    Reads 16 bytes per file: cheap next to an epoch, and it catches GIFs or HTML error pages
-    saved as ``.jpg``. A JPEG corrupt past its header is caught at decode time instead.
-    """
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        for path, problem in zip(files, pool.map(_sniff, files)):
-            if problem is not None:
-                raise DataError(
-                    f"{path} is {problem}, not an image DALI can decode (JPEG, PNG, BMP, TIFF, "
-                    "JPEG 2000, WebP, PNM). Convert it (e.g. `python -c \"from PIL import Image; "
-                    f"Image.open('{path}').convert('RGB').save('{Path(path).with_suffix('.jpg')}')\"`) or remove it."
-                )
+    """Raise ``DataError`` naming the files whose content DALI cannot decode (kept for callers of
+    the first version: ``validate_files`` is the full fast pass)."""
+    validate_files(files, root=None, where="the given files")
 
 
-def scan_image_folder(root: Path, *, validate: bool = True) -> DataSource:
-    """Enumerate ``root/<class>/<image>`` like torchvision's ImageFolder (classes sorted)."""
+def validate_files(files: list[str] | tuple[str, ...], *, root: Path | str | None, where: str,
+                   max_pixels: int | None = None) -> None:
+    """The fast pass of ``crossdali check`` over image files (cached by path, size and mtime):
+    raise one ``DataError`` listing every file that is unreadable, empty, not an image DALI
+    decodes, misnamed, truncated, structurally corrupt, or whose header claims more than
+    ``max_pixels`` (a forged header is refused before any pixel is allocated)."""
+    from crossdali.common.check.core import CheckSettings, check_image_files, problems_error  # defer: circular
+
+    settings = CheckSettings(threads=8, **({"max_pixels": max_pixels} if max_pixels else {}))
+    problems, _ = check_image_files(list(files), root=root, settings=settings)
+    error = problems_error(problems, where=where, total=len(files))
+    if error is not None:
+        raise error
+
+
+def _excluded(files: list[str], labels: list[int], exclusions: Exclusions, where: str) -> tuple[list[str], list[int]]:
+    if not exclusions:
+        return files, labels
+    keep = [i for i, f in enumerate(files) if not exclusions.excludes_file(f)]
+    n = len(files) - len(keep)
+    log.warning("%s: excluded %d of %d samples listed in %s", where, n, len(files), exclusions.origin or "exclude=")
+    if not keep:
+        raise DataError(f"{where}: the exclusion list {exclusions.origin or ''} excludes every sample; nothing to train on")
+    return [files[i] for i in keep], [labels[i] for i in keep]
+
+
+def scan_image_folder(root: Path, *, validate: bool = True, exclude: Exclusions | None = None,
+                      max_pixels: int | None = None) -> DataSource:
+    """Enumerate ``root/<class>/<image>`` like torchvision's ImageFolder (classes sorted); leave
+    out the ``exclude``d samples (labels unchanged), then run the fast check (``validate``)."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"image folder {root} does not exist; pass --data pointing at a folder with train/ and val/")
@@ -147,15 +171,17 @@ def scan_image_folder(root: Path, *, validate: bool = True) -> DataSource:
             )
         files.extend(str(root / cls / n) for n in names)
         labels.extend([label] * len(names))
+    files, labels = _excluded(files, labels, exclude or Exclusions(), str(root))
     if validate:
-        check_image_headers(files)
+        validate_files(files, root=root.parent, where=str(root), max_pixels=max_pixels)
     return DataSource(
         format="imagefolder", root=root, files=tuple(files), labels=tuple(labels),
         classes=tuple(classes), num_samples=len(files),
     )
 
 
-def read_file_list(list_path: Path, *, root: Path | None = None, validate: bool = True) -> DataSource:
+def read_file_list(list_path: Path, *, root: Path | None = None, validate: bool = True,
+                   exclude: Exclusions | None = None, max_pixels: int | None = None) -> DataSource:
     """Read a DALI-style file list: one ``<path> <integer label>`` per line, paths relative to
     ``root`` (default: the list's folder)."""
     list_path = Path(list_path)
@@ -177,8 +203,9 @@ def read_file_list(list_path: Path, *, root: Path | None = None, validate: bool 
         labels.append(int(parts[1]))
     if not files:
         raise DataError(f"file list {list_path} lists no images")
+    files, labels = _excluded(files, labels, exclude or Exclusions(), str(list_path))
     if validate:
-        check_image_headers(files)
+        validate_files(files, root=root, where=str(list_path), max_pixels=max_pixels)
     return DataSource(format="filelist", root=root, files=tuple(files), labels=tuple(labels), num_samples=len(files))
 
 
@@ -187,7 +214,15 @@ def _count_index_lines(index: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def _record_source(fmt: str, data: Path, records: list[Path]) -> DataSource:
+def _record_source(fmt: str, data: Path, records: list[Path], *, validate: bool = True,
+                   exclude: Exclusions | None = None, max_pixels: int | None = None) -> DataSource:
+    """Records with their indexes; ``validate`` runs the fast check (index against records, every
+    record's image header; cached), ``exclude`` leaves records out through a filtered copy of
+    the index in the check cache (DALI never reads a record its index does not list)."""
+    from crossdali.common.check import records as rec_io  # defer: circular (check imports this module)
+    from crossdali.common.check.cache import default_cache_dir
+
+    exclude = exclude or Exclusions()
     indexes = [r.with_suffix(".idx") for r in records]
     for rec, idx in zip(records, indexes):
         if rec.stat().st_size == 0:
@@ -196,15 +231,56 @@ def _record_source(fmt: str, data: Path, records: list[Path]) -> DataSource:
             tool = "tfrecord2idx (ships with DALI)" if fmt == "tfrecord" else "im2rec.py, or mxnet.recordio.MXIndexedRecordIO"
             raise DataError(f"{rec} has no index file {idx}; DALI needs one: create it with {tool}: "
                             + (f"`tfrecord2idx {rec} {idx}`" if fmt == "tfrecord" else "rewrite the .rec with its .idx"))
-    n = sum(_count_index_lines(i) for i in indexes)
+    kept = [(r, i) for r, i in zip(records, indexes) if not exclude.excludes_file(r)]
+    if validate:
+        from crossdali.common.check.core import CheckSettings, check_record_files, problems_error
+
+        settings = CheckSettings(**({"max_pixels": max_pixels} if max_pixels else {}))
+        problems, total = check_record_files(fmt, [str(r) for r, _ in kept], [str(i) for _, i in kept], root=data,
+                                             settings=settings)
+        left = [p for p in problems if "#" not in p.sample
+                or int(p.sample.rsplit("#", 1)[1]) not in exclude.excluded_records(p.path)]
+        error = problems_error(left, where=f"{fmt} records of {data}", total=total, data_hint=str(data))
+        if error is not None:
+            raise error
+    paths, index_paths, n, dropped = [], [], 0, 0
+    for rec, idx in kept:
+        entries = rec_io.read_index(fmt, idx) if exclude else None
+        skip = exclude.excluded_records(rec) if exclude else set()
+        if skip:
+            keep = [e for e in entries if e.position not in skip]
+            dropped += len(entries) - len(keep)
+            if not keep:
+                continue
+            digest = hashlib.sha1(f"{idx.resolve()}:{idx.stat().st_mtime_ns}:{sorted(skip)}".encode()).hexdigest()[:16]
+            filtered = default_cache_dir() / "exclude" / f"{idx.stem}-{digest}.idx"
+            filtered.parent.mkdir(parents=True, exist_ok=True)
+            rec_io.write_index(keep, filtered)
+            idx, count = filtered, len(keep)
+        else:
+            count = _count_index_lines(idx)
+        paths.append(str(rec))
+        index_paths.append(str(idx))
+        n += count
+    if exclude:
+        whole = len(records) - len(kept)
+        log.warning("%s records of %s: excluded %d records%s listed in %s", fmt, data, dropped,
+                    f" and {whole} whole record files" if whole else "", exclude.origin or "exclude=")
     if n == 0:
-        raise DataError(f"index files {', '.join(map(str, indexes))} list no records")
-    return DataSource(format=fmt, root=data, paths=tuple(map(str, records)),
-                      index_paths=tuple(map(str, indexes)), num_samples=n)
+        raise DataError(f"index files {', '.join(map(str, indexes))} list no records"
+                        + (" (after the exclusions)" if exclude else ""))
+    return DataSource(format=fmt, root=data, paths=tuple(paths), index_paths=tuple(index_paths), num_samples=n)
 
 
-def resolve_source(data: Path | str, split: str, *, format: str = "auto", validate: bool = True) -> DataSource:
+def resolve_source(data: Path | str, split: str, *, format: str = "auto", validate: bool = True,
+                   exclude: str | os.PathLike | Iterable[str] | Exclusions | None = None,
+                   max_pixels: int | None = None) -> DataSource:
     """Find ``split`` (``train`` or ``val``) of the dataset at ``data``.
+
+    ``validate`` runs the fast pass of ``crossdali check`` (headers, structure, indexes; cached
+    by path, size and mtime) and raises one ``DataError`` listing every bad sample. ``exclude``
+    (the exclusion list ``crossdali check`` writes, or sample ids) leaves samples out first;
+    ``max_pixels`` is the largest image a header may claim (default: Pillow's bomb limit).
 
     Layouts (``format="auto"`` tries them in this order):
 
@@ -235,13 +311,14 @@ def resolve_source(data: Path | str, split: str, *, format: str = "auto", valida
             f"no {split} split found in {data}: looked for {data / split}/ (ImageFolder), "
             f"{data}/{split}*.tfrecord, {data / (split + '.rec')} and {data / (split + '.txt')}"
         )
+    checks = dict(validate=validate, exclude=load_exclusions(exclude), max_pixels=max_pixels)
     if chosen == "imagefolder":
-        return scan_image_folder(data / split, validate=validate)
+        return scan_image_folder(data / split, **checks)
     if chosen == "filelist":
-        return read_file_list(data / f"{split}.txt", root=data, validate=validate)
+        return read_file_list(data / f"{split}.txt", root=data, **checks)
     if chosen == "tfrecord":
-        return _record_source("tfrecord", data, tfrecords)
-    return _record_source("recordio", data, [data / f"{split}.rec"])
+        return _record_source("tfrecord", data, tfrecords, **checks)
+    return _record_source("recordio", data, [data / f"{split}.rec"], **checks)
 
 
 def _decode_problem(path: str) -> str | None:
@@ -256,11 +333,8 @@ def _decode_problem(path: str) -> str | None:
 
 
 def find_undecodable(files: tuple[str, ...] | list[str], *, threads: int = 16) -> tuple[str, str] | None:
-    """First ``(path, reason)`` among ``files`` that PIL cannot decode, or ``None``.
-
-    DALI's decoder error does not name the sample, so after a decode failure the wrappers call
-    this to name it. It decodes every file (threaded): seconds for thousands of images.
-    """
+    """First ``(path, reason)`` among ``files`` that PIL cannot decode, or ``None`` (the native
+    loaders' view; the DALI loaders use ``explain_files_failure``, which asks DALI itself)."""
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for path, problem in zip(files, pool.map(_decode_problem, files)):
             if problem is not None:
@@ -268,24 +342,79 @@ def find_undecodable(files: tuple[str, ...] | list[str], *, threads: int = 16) -
     return None
 
 
+# What DALI 2.4 writes about the failing sample (measured): a reader names the file ("File mapping
+# failed: <path>", "Error while parsing TFRecord file: <path> at index <byte offset>"); a decoder
+# names nothing ("nvImageCodec failure: '#4'"), and then the files are checked to find it.
+_DALI_NAMES_FILE = re.compile(r"(?:File mapping failed: |TFRecord file: |[Ff]ailed to open (?:file )?)(?P<path>\S+?)"
+                              r"(?: at index (?P<offset>\d+))?(?: \(|\s|$)")
+
+
+def _dali_says(error: Exception) -> str:
+    from crossdali.common.check.decode import describe_dali_error  # defer: circular
+
+    return describe_dali_error(error)
+
+
+def _is_data_failure(message: str) -> bool:
+    return any(k in message for k in ("decoder", "nvImageCodec", "File mapping failed", "TFRecord file",
+                                      "recordio", "RecordIO", "Incomplete or corrupted record", "Failed to open"))
+
+
 def explain_decode_failure(source: DataSource, error: Exception) -> Exception:
-    """Turn DALI's anonymous decoder failure into a ``DataError`` naming the bad file."""
-    where = ", ".join(source.paths or source.files[:1]) or str(source.root)
+    """Turn DALI's failure on ``source`` into a ``DataError`` naming the bad file or record and
+    the fix, identically for every framework (any other error is returned unchanged)."""
+    if source.paths:
+        return explain_records_failure(source, error)
+    where = ", ".join(source.files[:1]) or str(source.root)
     return explain_files_failure(error, files=source.files, where=where)
 
 
+def _first_bad(problems) -> object | None:
+    errors = [p for p in problems if p.severity == "error"]
+    return errors[0] if errors else None
+
+
 def explain_files_failure(error: Exception, *, files: tuple[str, ...] | list[str], where: str) -> Exception:
-    """``error`` as a ``DataError`` naming the first of ``files`` that cannot be decoded, if DALI's
-    message is a decoder failure (``where`` names the data when no single file is to blame);
-    any other error is returned unchanged."""
+    """``error`` as a ``DataError`` naming the file DALI failed on: the file its message names,
+    else the first of ``files`` that the check finds bad (fast pass, then DALI's own decoder);
+    an error that is not about the data is returned unchanged."""
     message = str(error)
-    if "decoder" not in message and "nvImageCodec" not in message:
+    if not _is_data_failure(message):
         return error
+    said = _dali_says(error)
+    m = _DALI_NAMES_FILE.search(message)
+    if m:
+        return DataError(f"{m['path']} cannot be read by DALI ({said}); re-encode, re-download or remove it, "
+                         f"or leave it out with --exclude (run `crossdali check` on the data)")
     if files:
-        log.warning("DALI failed to decode an image; checking %d files to find it...", len(files))
-        found = find_undecodable(files)
-        if found is not None:
-            path, reason = found
-            return DataError(f"{path} cannot be decoded ({reason}); re-encode or remove it. DALI said: "
-                             + message.strip().splitlines()[-1])
-    return DataError(f"an image in {where} cannot be decoded; DALI said: {message.strip()}")
+        from crossdali.common.check.core import CheckSettings, check_image_files, resolve_device
+
+        log.warning("DALI failed on a sample in %s without naming it; checking %d files to find it...", where, len(files))
+        for depth in ("fast", "full"):
+            settings = CheckSettings(depth=depth, device=resolve_device("auto"), threads=8)
+            bad = _first_bad(check_image_files(list(files), root=None, settings=settings)[0])
+            if bad is not None:
+                return DataError(f"{bad.message}. DALI said: {said}")
+    return DataError(f"a sample in {where} cannot be decoded, and checking the files found no culprit; "
+                     f"DALI said: {said}. Run `crossdali check` on the data with --depth full")
+
+
+def explain_records_failure(source: DataSource, error: Exception) -> Exception:
+    """DALI's failure on TFRecord/RecordIO data as a ``DataError`` naming the record file, the
+    record and the fix (checks the indexes and records; a reader's own message names the file
+    and byte offset, which the index turns into the record number)."""
+    message = str(error)
+    if not _is_data_failure(message):
+        return error
+    from crossdali.common.check.core import CheckSettings, check_record_files, resolve_device
+
+    said = _dali_says(error)
+    log.warning("DALI failed on a record in %s; checking %d record files to find it...", source.root, len(source.paths))
+    for depth in ("fast", "full"):
+        settings = CheckSettings(depth=depth, device=resolve_device("auto"))
+        bad = _first_bad(check_record_files(source.format, source.paths, source.index_paths, root=source.root,
+                                            settings=settings)[0])
+        if bad is not None:
+            return DataError(f"{bad.message}. DALI said: {said}")
+    return DataError(f"a record in {', '.join(source.paths)} cannot be read, and checking the records found no "
+                     f"culprit; DALI said: {said}. Run `crossdali check {source.root} --depth full`")

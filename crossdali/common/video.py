@@ -26,7 +26,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crossdali.common.options import PipelineOptions
@@ -50,6 +50,7 @@ __all__ = [
     "probe_video",
     "require_optical_flow_hardware",
     "resolve_video_source",
+    "video_problems",
 ]
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,57 @@ def probe_video(path: str | Path) -> VideoInfo:
                      fps=fps, constant_frame_rate=cfr)
 
 
+def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | None) -> tuple[str, str] | None:
+    """(code, message naming the file and the fix) for a probed file the reader would decode
+    wrongly or skip silently, or None."""
+    codecs = CPU_CODECS if device == "cpu" else GPU_CODECS
+    if info.codec not in codecs:
+        where = ("DALI decodes only VP8, VP9 and MJPEG on the CPU (H.264/HEVC/AV1 need a GPU's NVDEC: "
+                 "use device='gpu' / --data-backend dali-gpu there)") if device == "cpu" else \
+            f"DALI's GPU reader decodes {sorted(GPU_CODECS)}"
+        return "video-codec", (f"{info.path} is {info.codec}; {where}. Re-encode it to VP9: "
+                               + reencode_hint(info.path, fps=info.fps))
+    min_side = GPU_MIN_SIDE.get(info.codec, 0) if device != "cpu" else 0
+    if min(info.width, info.height) < min_side:
+        return "video-size", (
+            f"{info.path} is {info.width}x{info.height} {info.codec}; the GPU's NVDEC decodes {info.codec} "
+            f"from {min_side}x{min_side} up. Upscale it, e.g. `ffmpeg -i {info.path} -vf "
+            f"scale={max(min_side, info.width)}:{max(min_side, info.height)} -c:v libvpx-vp9 -b:v 0 -crf 30 "
+            "OUT.webm`, or decode it on the CPU (device='cpu' / --data-backend dali-cpu).")
+    if not info.constant_frame_rate:
+        return "video-vfr", (f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so "
+                             "its clips would cover uneven stretches of time. Re-encode it at a constant frame "
+                             "rate: " + reencode_hint(info.path, fps=info.fps))
+    if transform is not None and info.num_frames < transform.frames_needed:
+        return "video-short", (f"{info.path} has {info.num_frames} frames but a clip needs {transform.frames_needed} "
+                               f"(sequence_length={transform.sequence_length} x stride={transform.stride}); it "
+                               "would yield no clip. Lower --clip-len/--frame-stride or remove the file.")
+    return None
+
+
+def _probe_or_problem(path: str) -> VideoInfo | DataError:
+    try:
+        return probe_video(path)
+    except DataError as e:
+        return e
+
+
+def video_problems(files: Sequence[str], *, device: str, transform: ClipTransform | None = None,
+                   threads: int = 8) -> list[tuple[str, str, str]]:
+    """``(file, code, message)`` for every file ``check_videos`` would refuse (all of them, not the first)."""
+    with ThreadPoolExecutor(max(1, min(threads, len(files) or 1))) as pool:
+        results = list(pool.map(_probe_or_problem, files))
+    problems = []
+    for path, res in zip(files, results):
+        if isinstance(res, DataError):
+            problems.append((path, "not-a-video", str(res)))
+            continue
+        found = _info_problem(res, device=device, transform=transform)
+        if found is not None:
+            problems.append((path, *found))
+    return problems
+
+
 def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform | None = None,
                  threads: int = 8) -> list[VideoInfo]:
     """Probe every file and raise ``DataError`` (naming the file and the fix) for one that the
@@ -218,28 +270,10 @@ def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform 
         raise DataError("no video files given")
     with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
         infos = list(pool.map(probe_video, files))
-    codecs = CPU_CODECS if device == "cpu" else GPU_CODECS
     for info in infos:
-        if info.codec not in codecs:
-            where = ("DALI decodes only VP8, VP9 and MJPEG on the CPU (H.264/HEVC/AV1 need a GPU's NVDEC: "
-                     "use device='gpu' / --data-backend dali-gpu there)") if device == "cpu" else \
-                f"DALI's GPU reader decodes {sorted(GPU_CODECS)}"
-            raise DataError(f"{info.path} is {info.codec}; {where}. Re-encode it to VP9: "
-                            + reencode_hint(info.path, fps=info.fps))
-        min_side = GPU_MIN_SIDE.get(info.codec, 0) if device != "cpu" else 0
-        if min(info.width, info.height) < min_side:
-            raise DataError(f"{info.path} is {info.width}x{info.height} {info.codec}; the GPU's NVDEC decodes {info.codec} "
-                            f"from {min_side}x{min_side} up. Upscale it, e.g. `ffmpeg -i {info.path} -vf "
-                            f"scale={max(min_side, info.width)}:{max(min_side, info.height)} -c:v libvpx-vp9 -b:v 0 -crf 30 "
-                            "OUT.webm`, or decode it on the CPU (device='cpu' / --data-backend dali-cpu).")
-        if not info.constant_frame_rate:
-            raise DataError(f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so "
-                            "its clips would cover uneven stretches of time. Re-encode it at a constant frame "
-                            "rate: " + reencode_hint(info.path, fps=info.fps))
-        if transform is not None and info.num_frames < transform.frames_needed:
-            raise DataError(f"{info.path} has {info.num_frames} frames but a clip needs {transform.frames_needed} "
-                            f"(sequence_length={transform.sequence_length} x stride={transform.stride}); it "
-                            "would yield no clip. Lower --clip-len/--frame-stride or remove the file.")
+        found = _info_problem(info, device=device, transform=transform)
+        if found is not None:
+            raise DataError(found[1])
     return infos
 
 
@@ -249,10 +283,26 @@ def clips_per_epoch(infos: Sequence[VideoInfo], transform: ClipTransform) -> int
                for i in infos if i.num_frames >= transform.frames_needed)
 
 
-def resolve_video_source(data: str | Path, split: str) -> DataSource:
+def resolve_video_source(data: str | Path, split: str, *, exclude=None) -> DataSource:
     """The ``split`` of a video dataset: a file list (``<path> <label>`` per line), a folder with
-    ``<split>.txt``, or a folder with ``<split>/<class>/<video>`` (classes sorted by name)."""
-    data = Path(data)
+    ``<split>.txt``, or a folder with ``<split>/<class>/<video>`` (classes sorted by name).
+    ``exclude`` (the exclusion list ``crossdali check`` writes, or paths) leaves files out."""
+    from crossdali.common.check.exclude import load_exclusions
+
+    exclusions = load_exclusions(exclude)
+    source = _resolve_video_source(Path(data), split)
+    if not exclusions:
+        return source
+    keep = [i for i, f in enumerate(source.files) if not exclusions.excludes_file(f)]
+    log.warning("%s: excluded %d of %d videos listed in %s", source.root, source.num_samples - len(keep),
+                source.num_samples, exclusions.origin or "exclude=")
+    if not keep:
+        raise DataError(f"{source.root}: the exclusion list excludes every video; nothing to train on")
+    return replace(source, files=tuple(source.files[i] for i in keep), labels=tuple(source.labels[i] for i in keep),
+                   num_samples=len(keep))
+
+
+def _resolve_video_source(data: Path, split: str) -> DataSource:
     if data.is_file():
         return read_file_list(data, validate=False)
     if not data.is_dir():

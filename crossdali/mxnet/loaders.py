@@ -13,29 +13,30 @@ PyTorch/TF/JAX/Paddle iterators share), which does the epoch accounting. Backend
 Every backend yields ``mx.io.DataBatch`` with ``data=[images (N, C, H, W)]`` and
 ``label=[labels (N,) float32]`` and follows MXNet's last-batch convention: every batch has
 ``batch_size`` rows and the last one says in ``pad`` how many trailing rows are padding.
+Every backend also implements the loader contract (``crossdali.common.loaders.Loader``):
+``len``, ``batch_size``, ``num_classes``, ``state_dict``/``load_state_dict``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 from nvidia.dali.plugin.base_iterator import _DaliBaseIterator
 
-from crossdali.common.classification import (
-    READER_NAME,
-    ClassificationTransform,
-    PipelineOptions,
-    create_classification_pipeline,
-)
+from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
+from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch
+from crossdali.common.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint, prepare_split
+from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
-__all__ = ["BACKENDS", "DATA_NAME", "LABEL_NAME", "DALIClassificationIter", "create_classification_loader"]
+__all__ = ["BACKENDS", "DATA_NAME", "LABEL_NAME", "DALIClassificationIter", "NativeRecordIter", "SyntheticIter",
+           "create_classification_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,51 @@ def _descs(batch_size: int, crop_size: int, dtype: str) -> tuple[list[mx.io.Data
     return [data], [label]
 
 
-class DALIClassificationIter(mx.io.DataIter, _DaliBaseIterator):
+class _EpochIter(mx.io.DataIter):
+    """MXNet's ``reset()``/``next()`` convention joined to the loader contract, for every backend.
+
+    - ``epoch``: epochs finished (read to the end, or cut short by a mid-epoch ``reset()``).
+    - ``reset()`` starts the next epoch if anything was read since the last one, else does
+      nothing (so ``Module.fit``'s reset followed by ``iter()`` does not skip an epoch);
+      ``iter()`` does the same, so ``for batch in it`` works epoch after epoch.
+    - ``state_dict()`` records ``epoch``, the batches read in the current epoch and whether its
+      end was reached. A restored iterator continues the saved epoch: its first ``iter()`` or
+      ``reset()`` does not start a new one (so a loop of ``reset(); for batch in it`` resumes
+      where it stopped); a state saved at an epoch's end resumes with the next epoch.
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        super().__init__(batch_size)
+        self.epoch = 0
+        self._batches = 0  # batches handed out in the current epoch
+        self._ended = False  # StopIteration raised for the current epoch
+        self._dirty = False  # anything read since the last reset
+
+    def __iter__(self):
+        if self._dirty:
+            self.reset()
+        return self
+
+    def _end_epoch(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self.epoch += 1
+
+    def _reset_counters(self) -> None:
+        self._batches, self._ended, self._dirty = 0, False, False
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batches": self._batches, "ended": self._ended}
+
+    def _load_counters(self, state: dict) -> None:
+        missing = {"epoch", "batches", "ended"} - set(state)
+        if missing:
+            raise ValueError(f"loader state {sorted(state)} lacks {sorted(missing)}: pass what state_dict() returned")
+        self.epoch, self._batches, self._ended = int(state["epoch"]), int(state["batches"]), bool(state["ended"])
+        self._dirty = self._ended  # mid-epoch: the next iter() or reset() continues the saved epoch
+
+
+class DALIClassificationIter(_EpochIter, _DaliBaseIterator):
     """``mx.io.DataIter`` over the shared classification pipeline (CHW layout).
 
     - Hand-over: the pipeline runs DALI's dynamic executor, whose outputs are never recycled,
@@ -65,25 +110,31 @@ class DALIClassificationIter(mx.io.DataIter, _DaliBaseIterator):
     - ``reset()`` works mid-epoch too (``Module.fit(epoch_size=...)``): the rest of the epoch is
       run and discarded, so the next epoch starts at its beginning on every shard. DALI's own
       iterators ignore such a reset instead.
-    - ``iter()`` resets if anything was consumed since the last reset, so ``for batch in it``
-      works epoch after epoch, and ``Module.fit``'s own ``reset()`` is not repeated.
+    - Built with ``options.checkpointing``, ``state_dict()`` carries DALI's pipeline checkpoint
+      (reader position, shuffle and augmentation state, base64 text so the state is JSON), and
+      ``load_state_dict`` rebuilds the pipeline from it: the batches after a resume are bit for
+      bit those the uninterrupted iterator would have given.
     """
 
-    def __init__(self, source: DataSource, *, train: bool, options: PipelineOptions,
-                 transform: ClassificationTransform, policy: LastBatchPolicy) -> None:
-        pipe = create_classification_pipeline(source, train=train, options=options, transform=transform)
-        mx.io.DataIter.__init__(self, options.batch_size)
-        _DaliBaseIterator.__init__(self, [pipe], reader_name=READER_NAME, auto_reset=False,
-                                   last_batch_policy=policy, prepare_first_batch=False)
-        self.source = source
-        self.num_classes = source.num_classes
-        self.policy = policy
-        self._copy = not pipe.exec_dynamic
+    def __init__(self, plan: SplitPlan, options: PipelineOptions, *, transform: ClassificationTransform) -> None:
+        _EpochIter.__init__(self, options.batch_size)
+        self.plan, self.source, self.policy = plan, plan.source, plan.policy
+        self.num_classes = plan.num_classes
+        self._transform = transform
         self._context = mx.gpu(options.device_id) if options.device == "gpu" else mx.cpu()
         self._provide_data, self._provide_label = _descs(options.batch_size, transform.crop_size, transform.dtype)
-        self._len = batches_per_epoch(source.num_samples, batch_size=options.batch_size,
-                                      num_shards=options.num_shards, policy=policy)
-        self._dirty = False  # anything consumed since the last reset
+        self._len = plan.batches_per_epoch
+        self._start(options)
+
+    def _start(self, options: PipelineOptions) -> None:
+        """Build the pipeline (from ``options.checkpoint`` if set) and DALI's epoch accounting."""
+        self._options = options
+        pipe = create_classification_pipeline(self.source, train=self.plan.train, options=options,
+                                              transform=self._transform)
+        self._pipes = []  # drop the previous pipeline (a restore) before the new one starts its threads
+        _DaliBaseIterator.__init__(self, [pipe], reader_name=READER_NAME, auto_reset=False,
+                                   last_batch_policy=self.policy, prepare_first_batch=False)
+        self._copy = not pipe.exec_dynamic
 
     @property
     def provide_data(self) -> list[mx.io.DataDesc]:
@@ -97,14 +148,14 @@ class DALIClassificationIter(mx.io.DataIter, _DaliBaseIterator):
     def context(self) -> mx.Context:
         return self._context
 
+    @property
+    def num_samples(self) -> int:
+        """Samples per epoch over all shards."""
+        return self.plan.num_samples
+
     def __len__(self) -> int:
         """Batches per epoch (an upper bound when a padding-only batch is skipped)."""
         return self._len
-
-    def __iter__(self) -> DALIClassificationIter:
-        if self._dirty:
-            self.reset()
-        return self
 
     def _to_mx(self, tensor) -> mx.nd.NDArray:
         # stream=None: DALI waits on the host until its GPU work is done, since MXNet's streams
@@ -134,8 +185,13 @@ class DALIClassificationIter(mx.io.DataIter, _DaliBaseIterator):
 
     def next(self) -> mx.io.DataBatch:
         while True:
-            batch = self._step(keep=True)
+            try:
+                batch = self._step(keep=True)
+            except StopIteration:
+                self._end_epoch()
+                raise
             if batch is not None:
+                self._batches += 1
                 return batch
 
     def __next__(self) -> mx.io.DataBatch:
@@ -145,18 +201,38 @@ class DALIClassificationIter(mx.io.DataIter, _DaliBaseIterator):
         """Start the next epoch: at its end, or mid-way (the rest is run and discarded)."""
         if not self._dirty:
             return
-        if self._counter < self._size:
+        if not self._ended:
             log.debug("reset mid-epoch: running the remaining batches of this epoch")
             try:
                 while True:
                     self._step(keep=False)
             except StopIteration:
-                pass
+                self._end_epoch()
         _DaliBaseIterator.reset(self)
-        self._dirty = False
+        self._reset_counters()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self._options.checkpointing:
+            state["dali"] = encode_dali_checkpoint(self.checkpoints()[0])
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (what ``state_dict()`` returned, possibly through JSON)."""
+        if "dali" not in state:
+            self._load_counters(state)
+            log.warning("loader state without a DALI checkpoint: epoch counter restored, but the data order "
+                        "starts again as in a fresh run (build the loader with checkpointing=True)")
+            self._batches, self._ended, self._dirty = 0, False, False
+            return
+        if not self._options.checkpointing:
+            raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
+                             "checkpointing: pass checkpointing=True to create_classification_loader")
+        self._start(replace(self._options, checkpoint=decode_dali_checkpoint(state["dali"])))
+        self._load_counters(state)
 
 
-class SyntheticIter(mx.io.DataIter):
+class SyntheticIter(_EpochIter):
     """One random batch, repeated: the speed a training loop reaches with free input."""
 
     def __init__(self, *, num_batches: int, batch_size: int, crop_size: int, num_classes: int,
@@ -167,7 +243,7 @@ class SyntheticIter(mx.io.DataIter):
         self._data = mx.nd.array(images, ctx=context, dtype=dtype)
         self._label = mx.nd.array(rng.integers(0, max(1, num_classes), batch_size), ctx=context, dtype=np.float32)
         self._provide_data, self._provide_label = _descs(batch_size, crop_size, dtype)
-        self.num_classes, self._len, self._i = num_classes, num_batches, 0
+        self.num_classes, self._len = num_classes, num_batches
 
     @property
     def provide_data(self) -> list[mx.io.DataDesc]:
@@ -181,17 +257,24 @@ class SyntheticIter(mx.io.DataIter):
         return self._len
 
     def reset(self) -> None:
-        self._i = 0
+        if self._dirty:
+            self._end_epoch()
+            self._reset_counters()
 
     def next(self) -> mx.io.DataBatch:
-        if self._i >= self._len:
+        self._dirty = True
+        if self._batches >= self._len:
+            self._end_epoch()
             raise StopIteration
-        self._i += 1
+        self._batches += 1
         return mx.io.DataBatch(data=[self._data], label=[self._label], pad=0,
                                provide_data=self._provide_data, provide_label=self._provide_label)
 
+    def load_state_dict(self, state: dict) -> None:
+        self._load_counters(state)
 
-class NativeRecordIter(mx.io.DataIter):
+
+class NativeRecordIter(_EpochIter):
     """``mx.io.ImageRecordIter`` with the preset closest to the DALI pipeline.
 
     Differences MXNet does not let us remove: its random-resized-crop and resize use OpenCV
@@ -204,6 +287,11 @@ class NativeRecordIter(mx.io.DataIter):
     ``round_batch=False`` MXNet fills the last batch with stale rows and reports ``pad=0``, so this
     wrapper counts the batches of its part and sets ``pad`` itself (``DROP``: only full batches,
     as many on every rank).
+
+    ``load_state_dict`` replays the saved position: one ``ImageRecordIter.reset()`` per epoch
+    started before (each reshuffles, from the seed), then the batches read of the current epoch
+    are read again and discarded. The sample order is restored; the random crops are not
+    (ImageRecordIter's augmentation generators cannot be saved).
     """
 
     def __init__(self, source: DataSource, *, train: bool, batch_size: int, transform: ClassificationTransform,
@@ -222,6 +310,7 @@ class NativeRecordIter(mx.io.DataIter):
             inter_method=2,  # area-based (cv2.INTER_AREA) is the closest to antialiased linear
             num_parts=dist.world_size, part_index=dist.rank, round_batch=False, preprocess_threads=max(1, workers),
             seed=seed, seed_aug=seed + dist.rank, dtype=t.dtype, ctx="cpu", **preset)
+        self.source = source
         self.num_classes = source.num_classes
         n, step = source.num_samples, math.ceil(source.num_samples / dist.world_size)
         part_size = min(step * (dist.rank + 1), n) - min(step * dist.rank, n)
@@ -231,7 +320,6 @@ class NativeRecordIter(mx.io.DataIter):
         else:
             self._len = math.ceil(part_size / batch_size)
             self._last_pad = self._len * batch_size - part_size
-        self._i = 0
 
     @property
     def provide_data(self) -> list[mx.io.DataDesc]:
@@ -245,17 +333,32 @@ class NativeRecordIter(mx.io.DataIter):
         return self._len
 
     def reset(self) -> None:
-        self._it.reset()
-        self._i = 0
+        if self._dirty:
+            self._end_epoch()  # a mid-epoch reset cuts the epoch short
+            self._it.reset()
+            self._reset_counters()
 
     def next(self) -> mx.io.DataBatch:
-        if self._i >= self._len:
+        self._dirty = True
+        if self._batches >= self._len:
+            self._end_epoch()
             raise StopIteration
         batch = self._it.next()
-        self._i += 1
-        if self._i == self._len:
+        self._batches += 1
+        if self._batches == self._len:
             batch.pad = self._last_pad
         return batch
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._dirty or self.epoch:
+            raise ValueError("NativeRecordIter.load_state_dict replays the saved position from a fresh iterator: "
+                             "call it before reading any batch")
+        self._load_counters(state)
+        for _ in range(self.epoch - 1 if self._ended else self.epoch):  # epochs started before the current one
+            self._it.reset()
+        if not self._ended:
+            for _ in range(self._batches):
+                self._it.next()
 
 
 def create_classification_loader(
@@ -273,6 +376,7 @@ def create_classification_loader(
     dtype: str = "float32",
     hw_decoder_load: float = 1.0,
     last_batch: str | None = None,
+    checkpointing: bool = False,
 ) -> mx.io.DataIter:
     """An ``mx.io.DataIter`` over the train or val split of ``data``; same arguments as
     ``crossdali.pytorch.create_classification_loader``.
@@ -280,43 +384,35 @@ def create_classification_loader(
     ``data`` is a dataset folder (ImageFolder with train/ and val/, TFRecord, RecordIO or file
     lists; see ``crossdali.common.sources.resolve_source``) or a resolved ``DataSource``;
     ``native`` needs RecordIO. ``dist`` shards by the global rank. ``device_id`` is the GPU for
-    ``dali-gpu`` (default: the local rank). ``last_batch`` overrides the epoch rule. The result
-    has ``len()`` (batches per epoch), ``batch_size``, ``num_classes``, ``provide_data`` and
-    ``provide_label``.
+    ``dali-gpu`` (default: the local rank). ``last_batch`` overrides the epoch rule.
+    ``checkpointing`` lets ``state_dict()`` save DALI's position inside an epoch (a bit-exact
+    mid-epoch resume). The result implements ``crossdali.common.loaders.Loader`` and has
+    ``provide_data`` and ``provide_label``.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    dist = dist or DistInfo()
-    split = "train" if train else "val"
-    source = data if isinstance(data, DataSource) else resolve_source(data, split, format=data_format)
+    plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
+                         resolve=lambda d, split: resolve_source(d, split, format=data_format),
+                         batch_size=batch_size, dist=dist, last_batch=last_batch)
+    source, dist = plan.source, plan.dist
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="CHW")
-    policy = choose_last_batch_policy(train=train, num_shards=dist.world_size, policy=last_batch)
-    if dist.is_main:
-        log_epoch_plan(f"{split} ({backend}, {source.format} at {source.root})", source.num_samples,
-                       batch_size=batch_size, num_shards=dist.world_size, policy=policy)
-    gpu_id = device_id if device_id is not None else dist.local_rank
     if backend == "dali-gpu" and mx.context.num_gpus() == 0:
         raise RuntimeError("--data-backend dali-gpu needs MXNet built with CUDA and a visible GPU; this MXNet sees "
-                           "none (the PyPI `mxnet` wheel is CPU-only: install mxnet-cu112 or use dali-cpu)")
+                           "none (the PyPI `mxnet` wheel is CPU-only; the CUDA builds, mxnet-cu112/cu117, run on GPUs "
+                           "up to sm_86, not on an H100: see docs/mxnet.md). Use --data-backend dali-cpu")
 
     if backend == "synthetic":
+        gpu_id = device_id if device_id is not None else dist.local_rank
         context = mx.gpu(gpu_id) if mx.context.num_gpus() > 0 else mx.cpu()
-        return SyntheticIter(num_batches=batches_per_epoch(source.num_samples, batch_size=batch_size,
-                                                           num_shards=dist.world_size, policy=policy),
-                             batch_size=batch_size, crop_size=crop_size, num_classes=source.num_classes,
-                             dtype=dtype, context=context)
+        return SyntheticIter(num_batches=plan.batches_per_epoch, batch_size=batch_size, crop_size=crop_size,
+                             num_classes=source.num_classes, dtype=dtype, context=context)
     if backend == "native":
         if source.format != "recordio":
             raise DataError(f"the native MXNet backend (mx.io.ImageRecordIter) reads RecordIO; {source.root} holds "
-                            f"{source.format} data. Point --data at a folder with {split}.rec + {split}.idx (the sample "
-                            "set has one in its recordio/ folder; MXNet's im2rec.py converts an ImageFolder), or use "
-                            "--data-backend dali-cpu/dali-gpu.")
+                            f"{source.format} data. Point --data at a folder with {plan.split}.rec + {plan.split}.idx "
+                            "(the sample set has one in its recordio/ folder; MXNet's im2rec.py converts an "
+                            "ImageFolder), or use --data-backend dali-cpu/dali-gpu.")
         return NativeRecordIter(source, train=train, batch_size=batch_size, transform=transform, workers=workers,
-                                seed=seed, dist=dist, policy=policy)
+                                seed=seed, dist=dist, policy=plan.policy)
 
-    device = "gpu" if backend == "dali-gpu" else "cpu"
-    options = PipelineOptions(
-        batch_size=batch_size, device=device, device_id=gpu_id if device == "gpu" else None,
-        num_threads=max(1, workers), seed=seed, shard_id=dist.rank, num_shards=dist.world_size,
-        hw_decoder_load=hw_decoder_load)
-    return DALIClassificationIter(source, train=train, options=options, transform=transform, policy=policy)
+    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
+                                    checkpointing=checkpointing)
+    return DALIClassificationIter(plan, options, transform=transform)

@@ -4,9 +4,11 @@
     python -m crossdali.mxnet.launch -n 2 -- python -m crossdali.mxnet.train_classification --data /imagenet
     horovodrun -np 8 python -m crossdali.mxnet.train_classification --data /imagenet   # if horovod.mxnet imports
 
-Same shape and flags as ``crossdali.pytorch.train_classification`` where they apply (no
-``--amp``/``--channels-last``: the MXNet wheel this was built against is CPU-only, so those
-could not be tested). Without ``--data`` it builds the embedded sample set (if missing).
+Same shape and flags as ``crossdali.pytorch.train_classification``: ``--arch`` takes Gluon's
+model zoo names and torchvision's ResNet/MobileNet/SqueezeNet/Inception names (checked before any
+data is read); ``--amp`` is MXNet's AMP (float16) on a CUDA GPU and float32 on the CPU wheel;
+``--channels-last`` is accepted and stays NCHW (said at start-up: see ``CHANNELS_LAST_NOTE``).
+Without ``--data`` it builds the embedded sample set (if missing).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -31,6 +34,41 @@ from crossdali.mxnet.loaders import BACKENDS, create_classification_loader
 
 log = logging.getLogger("crossdali.train")
 
+#: ``gluon.model_zoo.vision.get_model``'s names in MXNet 1.9.1 (the last release); it keeps them in a
+#: local dict, so they are listed here (tests/mxnet/test_mxnet_train.py builds every one).
+GLUON_ARCHS = (
+    "resnet18_v1", "resnet34_v1", "resnet50_v1", "resnet101_v1", "resnet152_v1",
+    "resnet18_v2", "resnet34_v2", "resnet50_v2", "resnet101_v2", "resnet152_v2",
+    "vgg11", "vgg13", "vgg16", "vgg19", "vgg11_bn", "vgg13_bn", "vgg16_bn", "vgg19_bn", "alexnet",
+    "densenet121", "densenet161", "densenet169", "densenet201", "squeezenet1.0", "squeezenet1.1", "inceptionv3",
+    "mobilenet1.0", "mobilenet0.75", "mobilenet0.5", "mobilenet0.25",
+    "mobilenetv2_1.0", "mobilenetv2_0.75", "mobilenetv2_0.5", "mobilenetv2_0.25",
+)
+#: torchvision names (the PyTorch script's ``--arch``) -> the Gluon model of the same design, so one
+#: command line serves both scripts. Gluon's v1 ResNets put the stride of a bottleneck on its first
+#: 1x1 convolution, torchvision's (v1.5) on the 3x3: ResNet-50 and deeper differ in that detail.
+TORCHVISION_ARCHS = {
+    "resnet18": "resnet18_v1", "resnet34": "resnet34_v1", "resnet50": "resnet50_v1", "resnet101": "resnet101_v1",
+    "resnet152": "resnet152_v1", "mobilenet_v2": "mobilenetv2_1.0", "squeezenet1_0": "squeezenet1.0",
+    "squeezenet1_1": "squeezenet1.1", "inception_v3": "inceptionv3",
+}
+#: What ``--channels-last`` does here, said at start-up.
+CHANNELS_LAST_NOTE = (
+    "--channels-last: not applied, the model runs NCHW. MXNet takes NHWC convolutions only through cuDNN on "
+    "a CUDA GPU (its CPU operator: 'Only support NCW, NCHW and NCDHW layout'), and Gluon's model zoo builds "
+    "NCHW models only (its constructors take no layout)")
+
+
+def resolve_arch(arch: str) -> str:
+    """The Gluon model name for ``--arch`` (a Gluon name, or a torchvision name with a Gluon twin)."""
+    name = arch.lower()
+    if name in GLUON_ARCHS:
+        return name
+    if name in TORCHVISION_ARCHS:
+        return TORCHVISION_ARCHS[name]
+    raise ValueError(f"--arch {arch!r} is not a Gluon model zoo name; choose one of: {', '.join(GLUON_ARCHS)} "
+                     f"(or torchvision's {', '.join(TORCHVISION_ARCHS)})")
+
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="crossdali MXNet (Gluon) classification training", add_help=add_help)
@@ -38,6 +76,13 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                                  arch_help="any gluon.model_zoo.vision name (resnet18_v1, resnet50_v1, ...)",
                                  workers_help="DALI threads or ImageRecordIter threads per process",
                                  backend_help="native = mx.io.ImageRecordIter (needs RecordIO)")
+    parser.add_argument("--amp", action="store_true",
+                        help="mixed precision: MXNet's AMP (mxnet.contrib.amp, float16 with dynamic loss scaling) on a "
+                             "CUDA GPU; the CPU wheel trains in float32 and says so (no float16 GEMM on the CPU, and "
+                             "its bfloat16 convolutions need AVX-512)")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="accepted for the PyTorch script's command lines; MXNet stays NCHW and says so at "
+                             "start-up (NHWC convolutions need cuDNN, and Gluon's model zoo builds NCHW models)")
     add_run_args(parser, engines=ENGINES,
                  engine_help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher",
                  resume_help="checkpoint (.params) to resume from")
@@ -65,7 +110,8 @@ def _real_rows(batch: mx.io.DataBatch) -> tuple[mx.nd.NDArray, mx.nd.NDArray, in
     return images, labels, valid
 
 
-def train_one_epoch(net, loss_fn, trainer, loader, *, epoch: int, runtime: Runtime, print_freq: int) -> dict[str, float]:
+def train_one_epoch(net, loss_fn, trainer, loader, *, epoch: int, runtime: Runtime, amp: bool,
+                    print_freq: int) -> dict[str, float]:
     ctx = runtime.context
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     loader.reset()
@@ -77,7 +123,13 @@ def train_one_epoch(net, loss_fn, trainer, loader, *, epoch: int, runtime: Runti
         images, target = images.as_in_context(ctx), target.as_in_context(ctx)
         with autograd.record():
             loss = loss_fn(net(images), target)
-        loss.backward()
+            if amp:  # dynamic loss scaling: the scaled loss is part of the recorded graph
+                from mxnet.contrib import amp as mx_amp
+
+                with mx_amp.scale_loss(loss, trainer) as scaled:
+                    autograd.backward(scaled)
+        if not amp:
+            loss.backward()
         trainer.step(valid)
         batch_loss = float(loss.sum().asscalar())  # also waits for the step (MXNet runs ops asynchronously)
         loss_sum += batch_loss
@@ -147,22 +199,52 @@ def _choose_backend(requested: str) -> str:
     return "dali-cpu"
 
 
+def _use_amp(requested: bool, context: mx.Context) -> bool:
+    """MXNet's AMP (float16) where it runs: a CUDA GPU. On the CPU: float32, said at start-up.
+
+    Measured with the CPU wheel (mxnet 1.9.1) on an AVX2 machine: ``amp.init()`` (float16) fails in
+    the first dense layer ("FP16 gemm on cpu not implemented!"), ``amp.init(target_dtype="bfloat16")``
+    in the first convolution (oneDNN: "could not create a primitive descriptor iterator").
+    """
+    if not requested:
+        return False
+    if context.device_type == "gpu":
+        from mxnet.contrib import amp as mx_amp
+
+        mx_amp.init()  # before the network is built: AMP rewrites the operators it creates
+        log.info("--amp: MXNet AMP, float16 with dynamic loss scaling")
+        return True
+    log.warning("--amp: not applied on the CPU, training in float32 (MXNet's AMP is float16 on CUDA GPUs; the CPU "
+                "wheel has no float16 GEMM, and its bfloat16 convolutions need AVX-512)")
+    return False
+
+
 def _checkpoint_paths(params: Path) -> tuple[Path, Path, Path]:
     return params, params.with_suffix(".states"), params.with_suffix(".json")
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
+    try:  # before anything is launched or read: a typo must not cost a data load
+        arch = resolve_arch(args.arch)
+    except ValueError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     runtime = init_distributed(engine=args.engine)
     logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     mx.random.seed(args.seed)  # same initial weights on every rank (also broadcast by the engine)
     np.random.seed(args.seed)
     backend = _choose_backend(args.data_backend)
+    if arch != args.arch:
+        log.info("--arch %s: Gluon's %s", args.arch, arch)
+    if args.channels_last:
+        log.warning(CHANNELS_LAST_NOTE)
+    amp = _use_amp(args.amp, runtime.context)
     log.info("rank %d/%d (launcher %s, engine %s), context %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.context)
     train_loader, val_loader, num_classes = load_data(args, runtime, backend)
 
-    net = gluon.model_zoo.vision.get_model(args.arch, classes=num_classes, pretrained=False)
+    net = gluon.model_zoo.vision.get_model(arch, classes=num_classes, pretrained=False)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=runtime.context)
     net.hybridize(static_alloc=True)
     # one forward pass gives every parameter its shape (Gluon's deferred initialisation), so the
@@ -177,6 +259,10 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                                                warmup_steps=max(0, warmup), warmup_begin_lr=lr * 0.1)
     trainer = runtime.make_trainer(net.collect_params(), "sgd", {
         "learning_rate": lr, "momentum": args.momentum, "wd": args.weight_decay, "lr_scheduler": schedule})
+    if amp:
+        from mxnet.contrib import amp as mx_amp
+
+        mx_amp.init_trainer(trainer)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     if args.label_smoothing:
         smooth, dense_ce = args.label_smoothing, gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
@@ -196,7 +282,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         log.info("resumed from %s at epoch %d", params, start_epoch + 1)
 
     metrics = MetricsWriter(args.output_dir, enabled=runtime.dist.is_main)
-    metrics.write(event="start", arch=args.arch, backend=backend, world_size=runtime.dist.world_size,
+    metrics.write(event="start", arch=arch, backend=backend, precision="float16 (AMP)" if amp else "float32",
+                  layout="NCHW", world_size=runtime.dist.world_size,
                   engine=runtime.engine, batch_size=args.batch_size, lr=lr, epochs=args.epochs, framework="mxnet")
 
     if args.test_only:
@@ -208,7 +295,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
     stats: dict[str, float] = {}
     for epoch in range(start_epoch, args.epochs):
-        stats = train_one_epoch(net, loss_fn, trainer, train_loader, epoch=epoch, runtime=runtime,
+        stats = train_one_epoch(net, loss_fn, trainer, train_loader, epoch=epoch, runtime=runtime, amp=amp,
                                 print_freq=args.print_freq)
         runtime.sync_batchnorm_stats(net)  # several workers: every rank evaluates (rank 0 saves) the same
         stats |= evaluate(net, loss_fn, val_loader, runtime=runtime)
@@ -220,7 +307,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
             params, states, meta = _checkpoint_paths(args.output_dir / "checkpoint.params")
             net.save_parameters(str(params))
             trainer.save_states(str(states))
-            meta.write_text(json.dumps({"epoch": epoch, "arch": args.arch, "num_classes": num_classes,
+            meta.write_text(json.dumps({"epoch": epoch, "arch": arch, "num_classes": num_classes,
                                         "args": {k: str(v) for k, v in vars(args).items()}}))
     return stats
 

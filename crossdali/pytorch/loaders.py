@@ -26,7 +26,7 @@ import torch
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import SplitPlan, prepare_split
+from crossdali.common.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint, prepare_split
 from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
@@ -95,7 +95,7 @@ class DALILoader:
     def state_dict(self) -> dict:
         state = {"epoch": self.epoch}
         if self._options.checkpointing:
-            state["dali"] = self._iter.checkpoints()[0]
+            state["dali"] = encode_dali_checkpoint(self._iter.checkpoints()[0])
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -107,7 +107,7 @@ class DALILoader:
         if not self._options.checkpointing:
             raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
                              "checkpointing: pass checkpointing=True to the loader factory")
-        self._options = replace(self._options, checkpoint=state["dali"])
+        self._options = replace(self._options, checkpoint=decode_dali_checkpoint(state["dali"]))
         self._iter = self._make_iterator(self._options)
 
 

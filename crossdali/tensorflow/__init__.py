@@ -1,7 +1,8 @@
 """TensorFlow wrappers over crossdali's shared DALI pipelines (``DALIDataset`` + a native tf.data baseline).
 
 Same factory names in ``crossdali.pytorch`` and ``crossdali.mxnet``: switching framework is one
-import line. ``create_classification_dataset`` returns the plain ``tf.data.Dataset``.
+import line. The ``create_*_dataset`` functions return the plain ``tf.data.Dataset`` (for
+``model.fit``); iterating a loader keeps ``dali-gpu`` batches on the GPU.
 """
 
 try:
@@ -10,15 +11,18 @@ except ImportError:  # pragma: no cover - depends on the environment
     raise ImportError("crossdali.tensorflow needs TensorFlow: pip install crossdali[tensorflow], then "
                       "pip install --no-build-isolation nvidia-dali-tf-plugin-cuda130==2.4.0") from None
 
-from crossdali.tensorflow.datasets import (
+from crossdali.tensorflow.detection import DETECTION_BACKENDS, create_detection_dataset, create_detection_loader
+from crossdali.tensorflow.devices import enable_memory_growth
+from crossdali.tensorflow.loaders import (
     BACKENDS,
-    TFClassificationLoader,
+    DALILoader,
+    NativeLoader,
+    SyntheticLoader,
     create_classification_dataset,
     create_classification_loader,
 )
-from crossdali.tensorflow.detection import DETECTION_BACKENDS, create_detection_dataset, create_detection_loader
 from crossdali.tensorflow.video import VIDEO_BACKENDS, create_video_dataset, create_video_loader
 
-__all__ = ["BACKENDS", "TFClassificationLoader", "create_classification_dataset", "create_classification_loader",
-           "VIDEO_BACKENDS", "create_video_dataset", "create_video_loader",
-           "DETECTION_BACKENDS", "create_detection_dataset", "create_detection_loader"]
+__all__ = ["BACKENDS", "VIDEO_BACKENDS", "DETECTION_BACKENDS", "create_classification_loader", "create_video_loader",
+           "create_detection_loader", "create_classification_dataset", "create_video_dataset",
+           "create_detection_dataset", "DALILoader", "NativeLoader", "SyntheticLoader", "enable_memory_growth"]

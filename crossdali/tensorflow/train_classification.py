@@ -4,21 +4,19 @@
     horovodrun -np 8 python -m crossdali.tensorflow.train_classification --data /imagenet
 
 Same flags as ``crossdali.pytorch.train_classification`` where they apply. The loop is a plain
-``tf.GradientTape`` step rather than ``model.fit``: it measures data wait per step, keeps one DALI
-iterator across epochs, and uses Horovod's framework-level API (``grouped_allreduce`` of the
-gradients), which works with Keras 3, where ``horovod.keras`` does not (TF >= 2.16).
+``tf.GradientTape`` step rather than ``model.fit``: it measures data wait per step, iterates the
+loader itself (one DALI iterator across epochs; ``dali-gpu`` batches stay on the GPU, which
+``model.fit`` over ``loader.dataset`` would not give), and uses Horovod's framework-level API
+(``grouped_allreduce`` of the gradients), which works with Keras 3, where ``horovod.keras`` does
+not (TF >= 2.16).
 
-Multi-process: one process per GPU, rank from ``crossdali.common.distributed`` (any launcher).
-Gradients are averaged with Horovod (``horovod.tensorflow``) when it is importable; without it a
-multi-process launch stops with an error (tf.distribute's MultiWorkerMirroredStrategy is not wired
-here: it needs TF_CONFIG and a distributed input pipeline, see docs/tensorflow.md).
+Multi-process: one process per GPU, set up by ``crossdali.tensorflow.distributed`` (Horovod under
+a launcher, ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG``), data sharded by the global rank.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
 import math
 import os
@@ -27,12 +25,12 @@ import time
 
 import tensorflow as tf
 
-from crossdali.common.distributed import DistInfo, detect_distributed
 from crossdali.common.metrics import MetricsWriter, format_epoch_line
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import add_classification_data_args, add_run_args
-from crossdali.tensorflow.datasets import BACKENDS, create_classification_loader
+from crossdali.tensorflow.distributed import ENGINES, Runtime, init_distributed
+from crossdali.tensorflow.loaders import BACKENDS, create_classification_loader
 
 log = logging.getLogger("crossdali.train")
 
@@ -43,88 +41,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                                  arch_help="a tf.keras.applications model (resnet50, mobilenetv2, ...) or 'small_cnn' (tests)",
                                  workers_help="DALI threads or tf.data parallel calls per process")
     parser.add_argument("--amp", action="store_true", help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU")
-    add_run_args(parser, engines=["auto", "horovod", "tf-distribute", "none"],
+    add_run_args(parser, engines=list(ENGINES),
                  engine_help="gradient averaging; auto: horovod when a launcher started several processes, "
                              "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set",
                  resume_help="checkpoint (prefix or folder) to resume from")
     return parser
-
-
-class Runtime:
-    """Rank, world size and gradient averaging: Horovod, tf.distribute (TF_CONFIG) or one process."""
-
-    def __init__(self, dist: DistInfo, engine: str) -> None:
-        self.dist, self.engine, self.hvd, self.strategy = dist, engine, None, None
-        if engine == "horovod":
-            try:
-                import horovod.tensorflow as hvd  # defer: optional, built separately
-            except ImportError as e:
-                raise ImportError("--engine horovod needs horovod built with TensorFlow: HOROVOD_WITH_TENSORFLOW=1 "
-                                  f"pip install --no-build-isolation horovod==0.28.1 ({e})") from None
-            hvd.init()
-            self.hvd = hvd
-            self.dist = DistInfo(rank=hvd.rank(), world_size=hvd.size(), local_rank=hvd.local_rank(),
-                                 launcher=dist.launcher)
-        elif engine == "tf-distribute":
-            # one replica per worker process; TF_CONFIG names the workers and this one's index
-            self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
-            self.dist = dist_from_tf_config(os.environ.get("TF_CONFIG", ""), local_rank=dist.local_rank)
-            strategy = self.strategy
-
-            @tf.function  # collectives run eagerly are slow (TF warns on every call)
-            def strategy_sum(values):
-                per_replica = strategy.run(tf.identity, args=(values,))
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-            self._strategy_sum = strategy_sum
-
-    def scope(self):
-        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
-
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        if self.hvd is not None:
-            out = self.hvd.allreduce(tf.constant(values, tf.float64), op=self.hvd.Sum)
-        elif self.strategy is not None:
-            out = self._strategy_sum(tf.constant(values, tf.float64))
-        else:
-            return values
-        return [float(v) for v in out.numpy()]
-
-
-def dist_from_tf_config(tf_config: str, *, local_rank: int = 0) -> DistInfo:
-    """Rank and world size of a ``tf.distribute`` worker from its ``TF_CONFIG``."""
-    try:
-        cfg = json.loads(tf_config)
-        workers, task = cfg["cluster"]["worker"], cfg["task"]
-    except (ValueError, KeyError, TypeError):
-        raise ValueError(f"--engine tf-distribute needs TF_CONFIG like '{{\"cluster\": {{\"worker\": [\"host1:port\", "
-                         f"\"host2:port\"]}}, \"task\": {{\"type\": \"worker\", \"index\": 0}}}}', got {tf_config!r}") from None
-    if task.get("type") != "worker" or set(cfg["cluster"]) != {"worker"}:
-        raise ValueError(f"TF_CONFIG must list only 'worker' tasks (no chief/ps) for this script, got {tf_config!r}")
-    return DistInfo(rank=int(task["index"]), world_size=len(workers), local_rank=local_rank, launcher="tf_config")
-
-
-def init_runtime(engine: str) -> Runtime:
-    dist = detect_distributed()
-    if engine == "auto":
-        if os.environ.get("TF_CONFIG") and not dist.is_distributed:
-            engine = "tf-distribute"
-        elif dist.is_distributed:
-            if dist.launcher == "torchrun":
-                raise RuntimeError("TensorFlow training under torchrun: torchrun starts the processes but TF has no "
-                                   "process group for them; launch with horovodrun (or mpirun/srun with Horovod), "
-                                   "or set TF_CONFIG per worker and pass --engine tf-distribute")
-            engine = "horovod"
-        else:
-            engine = "none"
-    if engine == "none" and dist.is_distributed:
-        raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes but --engine none averages no "
-                           "gradients; use --engine horovod (pip install horovod with TensorFlow)")
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:  # one GPU per process: TF sees only its own (it becomes /gpu:0), DALI counts physical ids
-        tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
-        tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
-    return Runtime(dist, engine)
 
 
 def create_model(arch: str, *, num_classes: int, crop_size: int) -> tf.keras.Model:
@@ -272,7 +193,7 @@ def _choose_backend(requested: str) -> str:
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
-    runtime = init_runtime(args.engine)
+    runtime = init_distributed(engine=args.engine)  # first: it sets up the GPU (memory growth) before TF uses it
     logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("tensorflow", "absl"):  # their INFO lines per epoch are noise
@@ -316,6 +237,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                                     "written by --output-dir, or a prefix such as DIR/ckpt-3)")
         ckpt.restore(path).assert_existing_objects_matched()
         start_epoch = int(epoch_var.numpy())
+        train_loader.load_state_dict({"epoch": start_epoch})  # epoch-level: see docs/tensorflow.md
         log.info("resumed from %s at epoch %d", path, start_epoch + 1)
     if runtime.hvd is not None:  # every rank starts from rank 0's weights (fresh or resumed)
         # one by one: hvd.broadcast_variables calls tf.Variable.assign on Keras 3 variables'

@@ -62,3 +62,20 @@ def test_tf_train_identical_to_pipeline(detection_root):
     batch = next(iter(create_detection_loader(src, train=True, batch_size=8, workers=2, seed=11)))
     for name, got, want in zip(TRAIN_OUTPUTS, batch, direct):
         np.testing.assert_array_equal(got.numpy(), want, err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_tf_dali_gpu_batches_stay_on_the_gpu(detection_root, train):
+    """Every output of every batch on the GPU: images, encoded boxes and labels (train); images,
+    boxes, labels and image ids (val, whose boxes come from the reader on the CPU)."""
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("no GPU visible to TensorFlow (tensorflow-cpu, or no CUDA GPU)")
+    loader = create_detection_loader(detection_root, train=train, backend="dali-gpu", batch_size=8, workers=2,
+                                     device_id=0)
+    seen = 0
+    for batch in loader:
+        assert all("GPU" in x.device for x in batch), [x.device for x in batch]
+        seen += int(batch[0].shape[0])
+    assert seen == loader.num_samples > 0
+

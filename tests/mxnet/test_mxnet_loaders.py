@@ -232,9 +232,9 @@ def test_bad_backend_and_missing_gpu_are_named(tiny_classification):
 
 @pytest.mark.gpu
 def test_dali_gpu_hands_over_on_the_gpu(tiny_classification):
-    """Not run so far: no CUDA build of MXNet 1.9.1 exists for the GPU machine's CUDA 13 stack."""
+    """Not run so far: no MXNet GPU wheel has kernels for an H100 (sm_90), the only GPU reachable (docs/mxnet.md)."""
     if mx.context.num_gpus() == 0:
-        pytest.skip("MXNet sees no GPU (the PyPI mxnet wheel is CPU-only; a CUDA build such as mxnet-cu112 is needed)")
+        pytest.skip("MXNet sees no GPU (the PyPI mxnet wheel is CPU-only; mxnet-cu112/cu117 on a GPU up to sm_86 is needed)")
     it = create_classification_loader(tiny_classification / "imagefolder", train=False, backend="dali-gpu",
                                       batch_size=16, crop_size=CROP, workers=2, device_id=0)
     batches = list(it)

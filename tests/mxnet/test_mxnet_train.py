@@ -67,6 +67,45 @@ def test_bad_resume_path_is_named(tmp_path, data_root, tiny_classification):
     assert proc.returncode != 0 and "missing.params does not exist" in proc.stderr
 
 
+def test_bad_arch_fails_before_any_data_is_read(tmp_path, data_root):
+    # issue: "MXNet's --arch resnet18 fails with a traceback only after the data has loaded"
+    proc = subprocess.run([*TRAIN, "--arch", "resnet18x", "--data", str(tmp_path / "missing")], env=_env(data_root),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-2000:]  # one line, no traceback, and not the --data error
+    assert "--arch 'resnet18x'" in lines[0] and "choose one of: resnet18_v1," in lines[0] and "mobilenet0.25" in lines[0]
+
+
+def test_pytorch_flags_are_accepted_and_said(tmp_path, data_root, tiny_classification):
+    """``--amp --channels-last``: the PyTorch script's command line runs, and the start-up log and the
+    metrics say what the CPU run does instead (float32, NCHW). torchvision's names: test_arch_names."""
+    out = tmp_path / "flags"
+    cmd = [*TRAIN, "--arch", "mobilenet0.25", "--amp", "--channels-last", "--crop-size", "32", "--epochs", "1",
+           "--output-dir", str(out)]
+    proc = subprocess.run(cmd, env=_env(data_root), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--amp: not applied on the CPU, training in float32" in proc.stderr
+    assert "--channels-last: not applied, the model runs NCHW" in proc.stderr
+    start, epoch = read_metrics(out)
+    assert (start["arch"], start["precision"], start["layout"]) == ("mobilenet0.25", "float32", "NCHW")
+    assert epoch["val_samples"] == 55 and epoch["train_samples"] == 264
+
+
+def test_arch_names():
+    from mxnet.gluon.model_zoo.vision import get_model
+
+    from crossdali.mxnet.train_classification import GLUON_ARCHS, TORCHVISION_ARCHS, resolve_arch
+
+    with pytest.raises(ValueError, match="Available options are") as e:
+        get_model("no-such-model")
+    assert sorted(GLUON_ARCHS) == sorted(str(e.value).split("\n\t")[1:])  # the zoo's own list
+    assert resolve_arch("ResNet50_v1") == "resnet50_v1" and resolve_arch("resnet18") == "resnet18_v1"
+    assert set(TORCHVISION_ARCHS.values()) <= set(GLUON_ARCHS)
+    with pytest.raises(ValueError, match=r"--arch 'resnet' is not a Gluon model zoo name; choose one of: resnet18_v1"):
+        resolve_arch("resnet")
+
+
 def test_dist_sync_workers_see_disjoint_val_shards(tmp_path, data_root, indexed_val_source, assert_epoch_coverage):
     """Ranks come from kv.rank (the scheduler assigns them); val is exactly once across workers."""
     data = tmp_path / "data"

@@ -61,7 +61,7 @@ def test_two_workers_train_in_sync(data_root, tiny_classification, tmp_path):
 
 
 def test_bad_tf_config_is_a_clear_error():
-    from crossdali.tensorflow.train_classification import dist_from_tf_config
+    from crossdali.tensorflow.distributed import dist_from_tf_config
 
     with pytest.raises(ValueError, match="needs TF_CONFIG like"):
         dist_from_tf_config("{not json")

@@ -1,8 +1,19 @@
-"""dali-gpu through DALIDataset: batches on the GPU, close to the CPU pipeline (not bit-exact: the
-mixed decoder is nvJPEG / the hardware decoder, see docs/parity.md). Needs a GPU visible to a
-GPU build of TensorFlow (tensorflow[and-cuda]); skipped elsewhere."""
+"""dali-gpu through DALIDataset: batches (images AND labels) stay on the GPU, pixels close to the CPU
+pipeline (not bit-exact: the mixed decoder is nvJPEG / the hardware decoder, see docs/parity.md),
+and TensorFlow leaves DALI's decoders their GPU memory. Needs a GPU visible to a GPU build of
+TensorFlow (tensorflow[and-cuda]); skipped elsewhere. On the GPU machine:
+
+    python -m pytest tests/tensorflow/test_tf_gpu.py tests/detection/test_tf_detection.py \
+        tests/video/test_tensorflow_video.py -m gpu -rA
+"""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +27,11 @@ from crossdali.tensorflow import create_classification_loader  # noqa: E402
 pytestmark = [pytest.mark.tensorflow, pytest.mark.gpu,
               pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
                                  reason="no GPU visible to TensorFlow (tensorflow-cpu, or no CUDA GPU)")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _devices(batch) -> list[str]:
+    return [x.device for x in batch]
 
 
 @pytest.mark.parametrize("hw_decoder_load", [0.0, 1.0], ids=["cuda-decoder", "hw-decoder"])
@@ -24,15 +40,76 @@ def test_dali_gpu_val_close_to_cpu(tiny_classification, hw_decoder_load):
     (xg, yg), = list(create_classification_loader(tiny_classification / "imagefolder", backend="dali-gpu",
                                                   hw_decoder_load=hw_decoder_load, device_id=0, **kw))
     (xc, yc), = list(create_classification_loader(tiny_classification / "imagefolder", backend="dali-cpu", **kw))
-    assert "GPU" in xg.device and xg.dtype == tf.float32 and tuple(xg.shape) == (55, 64, 64, 3)
+    assert "GPU" in xg.device and "GPU" in yg.device, _devices((xg, yg))
+    assert xg.dtype == tf.float32 and tuple(xg.shape) == (55, 64, 64, 3)
     np.testing.assert_array_equal(yg.numpy(), yc.numpy())
     diff = np.abs(xg.numpy() - xc.numpy()) * np.array(IMAGENET_STD)
     # decoders differ by a few grey levels at most on average; the geometry is identical
     assert diff.mean() < 3.0, f"mean diff {diff.mean():.3f} grey levels"
 
 
-def test_dali_gpu_train_epoch(tiny_classification):
+def test_dali_gpu_train_epochs_stay_on_the_gpu(tiny_classification):
+    """Every batch of two epochs on the GPU, the short last one (trimmed) included."""
     loader = create_classification_loader(tiny_classification / "imagefolder", train=True, backend="dali-gpu",
                                           batch_size=32, crop_size=64, workers=2, device_id=0)
-    labels = [lab for _, lab in loader]
-    assert len(labels) == len(loader) == 9 and sum(int(lab.shape[0]) for lab in labels) == 264
+    for _ in range(2):
+        batches = list(loader)
+        assert len(batches) == 9 and sum(int(lab.shape[0]) for _, lab in batches) == 264
+        for images, labels in batches:
+            assert "GPU" in images.device and "GPU" in labels.device, _devices((images, labels))
+            assert labels.dtype == tf.int64 and tuple(labels.shape) == (images.shape[0],)
+    assert loader.epoch == 2
+
+
+def test_loader_iteration_and_dataset_agree_on_the_gpu(indexed_val_source):
+    """The same bits from the GPU-side bookkeeping (loader iteration) and tf.data's (``.dataset``),
+    over two shards (the val reader pads and rotates shards)."""
+    from crossdali.common.distributed import DistInfo
+
+    loader = create_classification_loader(indexed_val_source, train=False, backend="dali-gpu", batch_size=8,
+                                          crop_size=32, workers=2, device_id=0, dist=DistInfo(1, 2, 1, "test"))
+    from_loader, from_dataset = list(loader), list(loader.dataset)
+    assert len(from_loader) == len(from_dataset) == 4
+    for (xa, ya), (xb, yb) in zip(from_loader, from_dataset):
+        np.testing.assert_array_equal(ya.numpy(), yb.numpy())
+        np.testing.assert_array_equal(xa.numpy(), xb.numpy())
+    assert sorted(i for _, y in from_loader for i in y.numpy().tolist()) == list(range(27, 55))
+
+
+def _run(code: str, data: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "TF_CPP_MIN_LOG_LEVEL": "0", "DATA": str(data)}
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_loader_turns_on_memory_growth_and_the_hw_decoder_gets_memory(tiny_classification):
+    """In a fresh process (TensorFlow has not touched the GPU): creating the dali-gpu loader turns on
+    memory growth, and an epoch with the hardware decoder runs without nvJPEG allocation errors
+    (measured before: 'nvjpeg error #5' with TF holding all GPU memory)."""
+    proc = _run("""
+import json, os, tensorflow as tf
+from crossdali.tensorflow import create_classification_loader
+loader = create_classification_loader(os.environ["DATA"], train=False, backend="dali-gpu", batch_size=16,
+                                      crop_size=64, hw_decoder_load=1.0, device_id=0)
+big = tf.zeros([256, 1024, 1024], tf.float32)  # 1 GiB for the model: TF still takes only what it needs
+n = sum(int(y.shape[0]) for _, y in loader)
+print(json.dumps({"growth": [tf.config.experimental.get_memory_growth(g) for g in tf.config.get_visible_devices("GPU")],
+                  "samples": n, "device": big.device}))
+""", tiny_classification / "imagefolder")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["growth"] and all(result["growth"]) and result["samples"] == 55, result
+    assert "nvjpeg error" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+def test_too_late_for_memory_growth_is_a_warning(tiny_classification):
+    proc = _run("""
+import os, tensorflow as tf
+with tf.device("/GPU:0"):
+    tf.zeros([1]) + 1  # TF initialises its GPUs here, without memory growth
+from crossdali.tensorflow import create_classification_loader
+create_classification_loader(os.environ["DATA"], train=False, backend="dali-gpu", batch_size=16, crop_size=64,
+                             device_id=0)
+""", tiny_classification / "imagefolder")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "already initialised" in proc.stderr and "enable_memory_growth" in proc.stderr, proc.stderr[-3000:]

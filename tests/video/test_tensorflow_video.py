@@ -51,3 +51,24 @@ def test_tf_val_labels_and_exactly_once_over_two_shards(tiny_video):
     assert Counter(shards[0] + shards[1]) == Counter(expected)
     # contiguous shards: rank 0 reads the first half of the clips, rank 1 the rest
     assert shards[0] + shards[1] == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("codec_dir", ["", "h264"], ids=["vp9", "h264"])
+def test_tf_dali_gpu_clips_stay_on_the_gpu(request, codec_dir):
+    """NVDEC clips (VP9, and H.264 that the CPU cannot decode) and their labels on the GPU; every
+    val clip once."""
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("no GPU visible to TensorFlow (tensorflow-cpu, or no CUDA GPU)")
+    gpu_video = request.getfixturevalue("gpu_video")  # built only where the test runs
+    from crossdali.tensorflow.video import create_video_loader
+
+    loader = create_video_loader(gpu_video / codec_dir if codec_dir else gpu_video, train=False, backend="dali-gpu",
+                                 batch_size=8, sequence_length=8, stride=2, crop_size=48, device_id=0)
+    seen = 0
+    for clips, labels in loader:
+        assert "GPU" in clips.device and "GPU" in labels.device, (clips.device, labels.device)
+        assert tuple(clips.shape[1:]) == (8, 48, 48, 3) and tuple(labels.shape) == (clips.shape[0],)
+        seen += int(clips.shape[0])
+    assert seen == loader.num_samples > 0
+

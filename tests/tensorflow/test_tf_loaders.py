@@ -20,7 +20,7 @@ from crossdali.common.classification import (  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
 from crossdali.common.sources import DataError, resolve_source  # noqa: E402
 from crossdali.tensorflow import create_classification_dataset, create_classification_loader  # noqa: E402
-from crossdali.tensorflow.datasets import dali_dataset  # noqa: E402
+from crossdali.tensorflow.loaders import dali_dataset  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 CROP = 48
@@ -143,14 +143,13 @@ def test_missing_tfrecord_index_is_a_clear_error(tiny_classification, tmp_path):
 
 @pytest.mark.parametrize("backend", ["dali-cpu", "native"])
 def test_corrupt_jpeg_is_named(tiny_classification, tmp_path, backend):
-    """A JPEG cut short after its header passes the header check and fails in the decoder; the
-    error must name the file (neither DALI's nor TensorFlow's decoder error does)."""
+    """A JPEG cut short after its header: the error must name the file (neither DALI's nor
+    TensorFlow's decoder error does); the check's fast pass refuses it before any decoding."""
     shutil.copytree(tiny_classification / "imagefolder" / "val", tmp_path / "val")
     bad = tmp_path / "val" / "brick" / "0002.jpg"
     bad.write_bytes(bad.read_bytes()[:200] + bytes(50))
-    loader = create_classification_loader(tmp_path, train=False, backend=backend, batch_size=8, crop_size=32, workers=1)
-    with pytest.raises(DataError, match=r"brick/0002\.jpg cannot be decoded"):
-        list(loader)
+    with pytest.raises(DataError, match=r"brick/0002\.jpg cannot be decoded"):  # refused up front by the check
+        list(create_classification_loader(tmp_path, train=False, backend=backend, batch_size=8, crop_size=32, workers=1))
 
 
 def test_declared_shape_mismatch_is_a_clear_error(tiny_classification):

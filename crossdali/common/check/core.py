@@ -1,0 +1,364 @@
+"""Checking samples: the fast pass (headers, structure, indexes, annotations) and the full pass
+(DALI decodes everything, warnings count as errors), per source type, with the cache.
+
+Every function returns ``Problem`` rows; ``crossdali.common.check.report`` turns them into the
+JSON report and the exclusion list, ``crossdali.common.sources`` and friends into a ``DataError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from crossdali.common.check import records as rec_io
+from crossdali.common.check.cache import CheckCache, file_signature
+from crossdali.common.check.decode import decode_samples, gpu_available
+from crossdali.common.check.images import DEFAULT_MAX_PIXELS, ImageInfo, inspect_image
+
+__all__ = ["CheckSettings", "Problem", "check_image_files", "check_record_files", "sample_id", "problems_error",
+           "resolve_device"]
+
+log = logging.getLogger(__name__)
+
+DEPTHS = ("fast", "full")
+
+_FIXES = {
+    "unreadable": "check its permissions and the file system",
+    "empty": "re-download or re-encode it from the original, or remove it",
+    "not-an-image": "replace it with the real image, or remove it",
+    "unsupported-format": "convert it (e.g. `python -c \"from PIL import Image; Image.open('IN').convert('RGB')"
+                          ".save('OUT.jpg')\"`) or remove it",
+    "truncated": "re-download or re-encode it from the original, or remove it",
+    "corrupt": "re-encode it from the original, or remove it",
+    "too-large": "downscale it (e.g. `python -c \"from PIL import Image; im = Image.open('IN'); im.thumbnail((8192, 8192)); "
+                 "im.save('OUT.jpg')\"`), remove it, or raise --max-pixels if such images are real",
+    "decode-failed": "re-encode it from the original, or remove it",
+    "decoder-warning": "re-encode it from the original, or remove it (the decoder would output damaged pixels "
+                       "without stopping)",
+    "no-label": "write the label into the record, or rebuild the records",
+    "bad-record": "rebuild the record file and its index",
+}
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """How deep and how strict: ``depth`` fast (no decode) or full (DALI decodes every sample on
+    ``device``); ``max_pixels`` refuses larger headers before anything is decoded."""
+
+    depth: str = "fast"
+    device: str = "cpu"
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    threads: int = 4
+    batch_size: int = 32
+    cache_dir: str | None = None
+    use_cache: bool = True
+    progress: Callable[[int], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.depth not in DEPTHS:
+            raise ValueError(f"depth must be one of {DEPTHS}, got {self.depth!r}")
+        if self.device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', got {self.device!r}")
+        if self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be positive, got {self.max_pixels}")
+
+    def cache(self, identity: str) -> CheckCache:
+        return CheckCache(identity, cache_dir=self.cache_dir, enabled=self.use_cache)
+
+    def tick(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress(n)
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: the GPU when DALI sees one (training decodes there), else the CPU."""
+    if device == "auto":
+        return "gpu" if gpu_available() else "cpu"
+    return device
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad sample (or file): ``sample`` is its id in the exclusion list, ``message`` names the
+    file, what is wrong and the fix. ``severity`` ``warning`` is reported but never refused."""
+
+    sample: str
+    path: str
+    code: str
+    message: str
+    severity: str = "error"
+    depth: str = "fast"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def sample_id(path: str | os.PathLike, root: str | os.PathLike | None) -> str:
+    """``path`` relative to ``root`` (posix), or as given when it lies elsewhere."""
+    if root is None:
+        return Path(path).as_posix()
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    return Path(path).as_posix() if rel.startswith("..") else Path(rel).as_posix()
+
+
+def _problem(sample: str, where: str, code: str, text: str, *, depth: str = "fast", severity: str = "error",
+             path: str | None = None) -> Problem:
+    fix = _FIXES.get(code)
+    if code in ("truncated", "corrupt"):
+        text = f"cannot be decoded: it {text}"
+    elif code == "decode-failed":
+        text = f"cannot be decoded: {text}"
+    message = f"{where} {text}" + (f"; {fix}" if fix and severity == "error" and code != "misnamed" else "")
+    return Problem(sample=sample, path=path or where, code=code, message=message, severity=severity, depth=depth)
+
+
+def _size_problem(info_pixels: int, width: int, height: int, settings: CheckSettings) -> str | None:
+    if info_pixels > settings.max_pixels:
+        dims = f"{width}x{height} = {info_pixels:,} pixels" if height > 1 else f"{info_pixels:,} pixels"
+        return (f"has a header that claims {dims}, over the limit of {settings.max_pixels:,} (--max-pixels): decoding it "
+                f"would allocate {info_pixels * 3 / 2**30:.1f} GiB")
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Image files (ImageFolder, file lists, COCO images)
+# --------------------------------------------------------------------------------------------
+
+
+def _inspect_file(path: str) -> tuple[list[int] | None, dict]:
+    try:
+        sig = file_signature(path)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return None, ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")]).to_json()
+    return sig, inspect_image(data, extension=os.path.splitext(path)[1]).to_json()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, settings: CheckSettings,
+                      identity: str | None = None) -> tuple[list[Problem], dict[str, ImageInfo]]:
+    """Problems of image files, and the header of each file that has one (for COCO's size check).
+
+    ``root``: sample ids are relative to it. ``identity`` names the cache (default: the files' folder).
+    """
+    cache = settings.cache(identity or f"files:{os.path.abspath(root or os.path.dirname(files[0]) if files else '')}")
+    infos: dict[str, ImageInfo] = {}
+    fast: dict[str, list[tuple[str, str]]] = {}
+    known_full: dict[str, list] = {}
+    todo = []
+    for path in files:
+        try:
+            sig = file_signature(path)
+        except OSError as e:
+            infos[path] = ImageInfo()
+            fast[path] = [("unreadable", f"cannot be read ({e.strerror or e})")]
+            settings.tick(1)
+            continue
+        entry = cache.get(os.path.abspath(path), sig, depth=settings.depth)
+        if entry is None:
+            todo.append(path)
+        else:
+            infos[path] = ImageInfo.from_json(entry["info"])
+            fast[path] = infos[path].problems
+            if settings.depth == "fast" and entry.get("full"):  # a full pass found more: still true
+                known_full[path] = entry["full"]
+            settings.tick(1 if settings.depth == "fast" else 0)
+    with ThreadPoolExecutor(max(1, settings.threads)) as pool:
+        for path, (sig, info) in zip(todo, pool.map(_inspect_file, todo)):
+            infos[path] = ImageInfo.from_json(info)
+            fast[path] = infos[path].problems
+            if sig is not None:
+                cache.put(os.path.abspath(path), sig, info=info)
+            if settings.depth == "fast":
+                settings.tick(1)
+    problems = []
+    for path in files:
+        sid = sample_id(path, root)
+        info = infos[path]
+        for code, text in fast[path]:
+            problems.append(_problem(sid, path, code, text))
+        too_large = _size_problem(info.pixels, info.width, info.height, settings) if info.format else None
+        if too_large:
+            problems.append(_problem(sid, path, "too-large", too_large))
+        if path in known_full:
+            problems.append(_problem(sid, path, *known_full[path], depth="full"))
+    if settings.depth == "full":
+        refused = {p.path for p in problems if p.severity == "error"}
+        decodable = [p for p in files if p not in refused]
+        full: dict[str, list] = {}
+        need = []
+        for path in decodable:
+            entry = cache.get(os.path.abspath(path), file_signature(path), depth="full")
+            if entry is not None:
+                full[path] = entry["full"]
+                settings.tick(1)
+            else:
+                need.append(path)
+        with ThreadPoolExecutor(max(1, settings.threads)) as pool:
+            bad = decode_samples(zip(need, pool.map(_read, need)), device=settings.device,
+                                 batch_size=settings.batch_size, threads=settings.threads, on_batch=settings.tick)
+        for path in need:
+            full[path] = list(bad.get(path, ()))
+            cache.put(os.path.abspath(path), file_signature(path), full=full[path])
+        for path in files:
+            if full.get(path):
+                code, text = full[path]
+                problems.append(_problem(sample_id(path, root), path, code, text, depth="full"))
+        # files refused by the fast pass count as done for the progress bar
+        settings.tick(len(refused))
+    cache.save()
+    return problems, infos
+
+
+# --------------------------------------------------------------------------------------------
+# Record files (TFRecord, RecordIO) through their index
+# --------------------------------------------------------------------------------------------
+
+
+def _scan_records(fmt: str, rec: Path, idx: Path, *, image_key: str, label_key: str, on_record) -> dict:
+    """One pass over a record file: index problems, per-record problems and sizes (setting-independent)."""
+    try:
+        entries = rec_io.read_index(fmt, idx)
+    except rec_io.IndexProblem as e:
+        return {"file": [["bad-index", str(e)]], "records": [], "pixels": [], "count": 0}
+    file_problems = [["bad-index", p] for p in rec_io.check_index(fmt, rec, idx, entries)]
+    record_problems: list[list] = []
+    pixels = [0] * len(entries)
+    misplaced, gaps = [], 0
+    for entry, payload, problem in rec_io.iter_records(fmt, rec, entries):
+        if problem is not None:
+            kind, _, text = problem.partition(":")
+            if kind == "gap":
+                gaps += int(text)
+            elif kind == "frame":
+                misplaced.append((entry, text))
+            else:
+                record_problems.append([entry.position, "corrupt", text])
+                on_record(1)
+            continue
+        on_record(1)
+        try:
+            if fmt == "tfrecord":
+                image, label = rec_io.tfrecord_image(payload, image_key=image_key, label_key=label_key)
+            else:
+                image, label = rec_io.recordio_image(payload)
+        except (ValueError, IndexError) as e:
+            record_problems.append([entry.position, "bad-record", f"is not a valid record ({e})"])
+            continue
+        if image is None:
+            record_problems.append([entry.position, "bad-record", f"has no {image_key!r} feature"])
+            continue
+        if label is None and fmt == "tfrecord":
+            record_problems.append([entry.position, "no-label", f"has no {label_key!r} feature (DALI would use -1)"])
+        info = inspect_image(image)
+        pixels[entry.position] = info.pixels
+        for code, text in info.problems:
+            record_problems.append([entry.position, code, text])
+        if info.pixels and info.height > 0:
+            record_problems.append([entry.position, "_size", f"{info.width}x{info.height}"])
+    hint = rec_io.rebuild_hint(fmt, rec, idx)
+    if misplaced:
+        first, text = misplaced[0]
+        file_problems.append(["bad-index", f"does not match its index {idx}: {len(misplaced)} of {len(entries)} records "
+                                           f"are not where it says (the first, line {first.position + 1}, {text}); the "
+                                           f"index is stale or belongs to another file: {hint}"])
+    elif gaps and not file_problems:
+        file_problems.append(["bad-index", f"has {gaps} bytes that no line of its index {idx} covers: the records there "
+                                           f"are never read (a stale or incomplete index): {hint}"])
+    return {"file": file_problems, "records": record_problems, "pixels": pixels, "count": len(entries)}
+
+
+def _record_images(fmt: str, rec: Path, idx: Path, positions: set[int], *, image_key: str, label_key: str):
+    entries = [e for e in rec_io.read_index(fmt, idx) if e.position in positions]
+    for entry, payload, _ in rec_io.iter_records(fmt, rec, entries):
+        if entry.position < 0 or payload is None:
+            continue
+        if fmt == "tfrecord":
+            image, _ = rec_io.tfrecord_image(payload, image_key=image_key, label_key=label_key)
+        else:
+            image, _ = rec_io.recordio_image(payload)
+        if image is not None:
+            yield str(entry.position), image
+
+
+def check_record_files(fmt: str, paths: Sequence[str], index_paths: Sequence[str], *, root: str | os.PathLike | None,
+                       settings: CheckSettings, image_key: str = "image/encoded",
+                       label_key: str = "image/class/label") -> tuple[list[Problem], int]:
+    """Problems of TFRecord/RecordIO files and their indexes; and how many records the indexes list."""
+    problems: list[Problem] = []
+    total = 0
+    for path, index in zip(paths, index_paths):
+        rec, idx = Path(path), Path(index)
+        rel = sample_id(rec, root)
+        cache = settings.cache(f"records:{fmt}:{rec.resolve()}:{idx.resolve()}")
+        sig = file_signature(rec, idx)
+        entry = cache.get("scan", sig)
+        if entry is None:
+            scan = _scan_records(fmt, rec, idx, image_key=image_key, label_key=label_key,
+                                 on_record=settings.tick if settings.depth == "fast" else (lambda n: None))
+            cache.put("scan", sig, **scan)
+        else:
+            scan = entry
+            if settings.depth == "fast":
+                settings.tick(scan["count"])
+        total += scan["count"]
+        for code, text in scan["file"]:
+            problems.append(_problem(rel, str(rec), code, text))
+        sizes = {}
+        for pos, code, text in scan["records"]:
+            if code == "_size":
+                sizes[pos] = text
+                continue
+            problems.append(_problem(f"{rel}#{pos}", f"{rec} record #{pos}", code, text, path=str(rec)))
+        for pos, pixels in enumerate(scan["pixels"]):
+            if pixels > settings.max_pixels:
+                w, h = (int(v) for v in sizes.get(pos, f"{pixels}x1").split("x"))
+                problems.append(_problem(f"{rel}#{pos}", f"{rec} record #{pos}", "too-large",
+                                         _size_problem(pixels, w, h, settings), path=str(rec)))
+        if settings.depth == "full":
+            refused = {int(p.sample.rsplit("#", 1)[1]) for p in problems if p.path == str(rec) and "#" in p.sample}
+            if any(p.sample == rel for p in problems):  # the index itself is broken: decoding would read garbage
+                settings.tick(scan["count"])
+                continue
+            full_entry = cache.get("scan", sig, depth="full")
+            if full_entry is not None:
+                bad = {int(k): v for k, v in full_entry["full"].items()}
+                settings.tick(scan["count"])
+            else:
+                positions = set(range(scan["count"])) - refused
+                decoded = decode_samples(_record_images(fmt, rec, idx, positions, image_key=image_key, label_key=label_key),
+                                         device=settings.device, batch_size=settings.batch_size,
+                                         threads=settings.threads, on_batch=settings.tick)
+                settings.tick(len(refused))
+                bad = {int(k): v for k, v in decoded.items()}
+                cache.put("scan", sig, full={str(k): list(v) for k, v in bad.items()})
+            for pos, (code, text) in sorted(bad.items()):
+                problems.append(_problem(f"{rel}#{pos}", f"{rec} record #{pos}", code, text, depth="full",
+                                         path=str(rec)))
+        cache.save()
+    return problems, total
+
+
+def problems_error(problems: Sequence[Problem], *, where: str, total: int, data_hint: str | None = None):
+    """A ``DataError`` summarising the errors among ``problems`` (``None`` if there are none)."""
+    from crossdali.common.sources import DataError
+
+    errors = [p for p in problems if p.severity == "error"]
+    if not errors:
+        return None
+    shown = "\n".join(f"  {p.message}" for p in errors[:10])
+    more = f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else ""
+    target = data_hint or where
+    return DataError(
+        f"{len(errors)} of {total} samples in {where} cannot be used:\n{shown}{more}\n"
+        f"Fix or remove them, or train on the rest: `crossdali check {target}` writes the full report and an "
+        "exclusion list to pass as --exclude FILE (exclude= in the loader factories).")

@@ -1,0 +1,181 @@
+"""What an encoded image's bytes say without decoding them: format, size, and whether its structure
+is whole (the fast pass of ``crossdali check``).
+
+Pillow reads the header (format, width, height, mode) for every format DALI decodes; the marker
+walk over a JPEG and the chunk walk over a PNG (with its CRCs) are written here because no
+maintained library reports structure without decoding the pixels. Nothing here allocates pixels,
+so a header that claims 30000x30000 costs nothing to refuse.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+__all__ = ["DALI_FORMATS", "DEFAULT_MAX_PIXELS", "ImageInfo", "inspect_image", "EXTENSION_FORMATS"]
+
+#: Formats DALI 2.4 decodes (Pillow's names). Measured: GIF fails with "nvImageCodec failure '#4'".
+DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "JPEG2000", "WEBP", "PPM"})
+#: Pillow's own decompression-bomb limit (about 0.25 GiB of RGB pixels): the default ``max_pixels``.
+DEFAULT_MAX_PIXELS = 89_478_485
+#: What an extension promises; a file whose bytes are another format is reported as misnamed
+#: (DALI sniffs the bytes, but the native loaders trust the name: tf.io.decode_jpeg reads JPEG only).
+EXTENSION_FORMATS = {
+    ".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".bmp": "BMP", ".tif": "TIFF", ".tiff": "TIFF",
+    ".jp2": "JPEG2000", ".webp": "WEBP", ".pnm": "PPM", ".ppm": "PPM", ".pgm": "PPM", ".pbm": "PPM",
+}
+_SUGGESTED_EXT = {"JPEG": ".jpg", "PNG": ".png", "BMP": ".bmp", "TIFF": ".tif", "JPEG2000": ".jp2", "WEBP": ".webp",
+                  "PPM": ".ppm"}
+_TEXT_STARTS = (b"<", b"{", b"[", b"\xef\xbb\xbf<", b"%PDF")
+
+# JPEG markers that may follow entropy-coded data (anything else there is corruption):
+# SOFn, DHT, DAC, SOS, DQT, DNL, DRI, DHP, EXP, APPn, COM, EOI.
+_AFTER_SCAN_OK = set(range(0xC0, 0xD0)) | {0xD9, 0xDA, 0xDB, 0xDC, 0xDD, 0xDE, 0xDF} | set(range(0xE0, 0xF0)) | {0xFE}
+_SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# a marker inside entropy-coded data: 0xFF (after fill bytes) not followed by a stuffed 0x00 or RSTn
+_SCAN_MARKER = re.compile(rb"\xff+[^\x00\xd0-\xd7\xff]")
+
+
+@dataclass
+class ImageInfo:
+    """The header of one encoded image; ``problems`` are ``(code, text)`` pairs about its structure."""
+
+    format: str | None = None
+    width: int = 0
+    height: int = 0
+    mode: str = ""
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+    def to_json(self) -> dict:
+        return {"format": self.format, "width": self.width, "height": self.height, "mode": self.mode,
+                "problems": [list(p) for p in self.problems]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> ImageInfo:
+        return cls(format=d["format"], width=d["width"], height=d["height"], mode=d["mode"],
+                   problems=[tuple(p) for p in d["problems"]])
+
+
+def _jpeg_walk(data: bytes) -> tuple[tuple[int, int] | None, str | None]:
+    """(width, height) from the first SOF, and what is wrong with the marker structure (or None)."""
+    size, pos, n = None, 2, len(data)
+    while True:
+        if pos + 2 > n:
+            return size, f"ends after {n} bytes without the end-of-image marker (truncated)"
+        if data[pos] != 0xFF:
+            return size, f"has stray data at byte {pos} where a marker should start (corrupt)"
+        while pos < n and data[pos] == 0xFF:  # fill bytes
+            pos += 1
+        if pos >= n:
+            return size, f"ends after {n} bytes without the end-of-image marker (truncated)"
+        marker = data[pos]
+        pos += 1
+        if marker == 0xD9:
+            return size, None
+        if marker in (0x01, *range(0xD0, 0xD8)):
+            continue
+        if pos + 2 > n:
+            return size, f"ends after {n} bytes inside a segment header (truncated)"
+        length = struct.unpack_from(">H", data, pos)[0]
+        if length < 2:
+            return size, f"has a segment of impossible length {length} at byte {pos} (corrupt)"
+        if pos + length > n:
+            return size, f"ends after {n} bytes inside a segment that needs {pos + length} (truncated)"
+        if marker in _SOF and size is None and length >= 7:
+            h, w = struct.unpack_from(">HH", data, pos + 3)
+            size = (w, h)
+        pos += length
+        if marker == 0xDA:  # entropy-coded data runs to the next real marker
+            m = _SCAN_MARKER.search(data, pos)
+            if m is None:
+                return size, f"ends after {n} bytes inside the image data (truncated)"
+            pos = m.end() - 1
+            if data[pos] not in _AFTER_SCAN_OK:
+                return size, (f"has an invalid marker 0xFF{data[pos]:02X} inside its image data at byte {pos} "
+                              "(corrupt data: decoders skip it with a warning and output damaged pixels)")
+            pos = m.start()
+
+
+def _png_walk(data: bytes) -> str | None:
+    pos, n = 8, len(data)
+    while pos + 12 <= n:
+        length, ctype = struct.unpack_from(">I4s", data, pos)
+        end = pos + 12 + length
+        if end > n:
+            return f"ends after {n} bytes inside its {ctype.decode('latin-1')!r} chunk (truncated)"
+        if zlib.crc32(data[pos + 4: pos + 8 + length]) != struct.unpack_from(">I", data, pos + 8 + length)[0]:
+            return f"has a bad checksum in its {ctype.decode('latin-1')!r} chunk at byte {pos} (corrupt)"
+        if ctype == b"IEND":
+            return None
+        pos = end
+    return f"ends after {n} bytes without its IEND chunk (truncated)"
+
+
+def _bomb_size(data: bytes, error: Exception) -> tuple[int, int] | None:
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_walk(data)[0]
+    m = re.search(r"\((\d+) pixels\)", str(error))
+    return (int(m.group(1)), 1) if m else None
+
+
+def inspect_image(data: bytes, *, extension: str | None = None) -> ImageInfo:
+    """Format, size and structural problems of one encoded image (never decodes pixels).
+
+    ``extension`` (``".jpg"``...) is what the file name promises; a mismatch is a problem.
+    Problem codes: ``empty``, ``not-an-image``, ``unsupported-format``, ``misnamed``,
+    ``truncated``, ``corrupt``. Size limits are applied by the caller (``ImageInfo.pixels``).
+    """
+    from PIL import Image, UnidentifiedImageError  # defer: PIL is only needed when checking
+
+    info = ImageInfo()
+    if not data:
+        info.problems.append(("empty", "is empty (0 bytes)"))
+        return info
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            info.format, (info.width, info.height), info.mode = img.format, img.size, img.mode
+    except Image.DecompressionBombError as e:
+        size = _bomb_size(data, e)
+        info.format = "JPEG" if data.startswith(b"\xff\xd8") else None
+        info.width, info.height = size if size else (0, 0)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, struct.error) as e:
+        walked = _jpeg_walk(data)[1] if data.startswith(b"\xff\xd8") else (
+            _png_walk(data) if data.startswith(b"\x89PNG\r\n\x1a\n") else None)
+        if walked:
+            info.format = "JPEG" if data.startswith(b"\xff\xd8") else "PNG"
+            info.problems.append(("truncated" if "truncated" in walked else "corrupt", walked))
+            return info
+        head = data[:64].lstrip()
+        if head.startswith(_TEXT_STARTS) or head[:15].lower().startswith((b"<!doctype", b"<html")):
+            what = "a PDF document" if head.startswith(b"%PDF") else "a text/HTML/XML file (an error page saved as an image?)"
+            info.problems.append(("not-an-image", f"is {what}, not an image (starts with {data[:16]!r})"))
+        else:
+            info.problems.append(("not-an-image", f"is not an image any decoder recognises (starts with {data[:8]!r}; "
+                                                  f"Pillow: {type(e).__name__}: {e})"))
+        return info
+    if info.format not in DALI_FORMATS:
+        info.problems.append(("unsupported-format", f"is a {info.format} file, which DALI cannot decode "
+                                                    "(it decodes JPEG, PNG, BMP, TIFF, JPEG 2000, WebP, PNM)"))
+        return info
+    if info.format == "JPEG":
+        _, problem = _jpeg_walk(data)
+        if problem:
+            info.problems.append(("truncated" if "truncated" in problem else "corrupt", problem))
+    elif info.format == "PNG":
+        problem = _png_walk(data)
+        if problem:
+            info.problems.append(("truncated" if "truncated" in problem else "corrupt", problem))
+    if extension is not None:
+        promised = EXTENSION_FORMATS.get(extension.lower())
+        if promised is not None and promised != info.format:
+            info.problems.append(("misnamed", f"is a {info.format} image named {extension} (the native loaders trust the "
+                                              f"name); rename it to {_SUGGESTED_EXT[info.format]} or re-encode it as "
+                                              f"{promised}"))
+    return info

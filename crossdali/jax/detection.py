@@ -1,0 +1,68 @@
+"""``create_detection_loader``: SSD300 batches as ``jax.Array`` from the shared DALI detection pipeline.
+
+train batches: ``(images (N, 3, 300, 300) float, offsets (N, 8732, 4) float, labels (N, 8732) int)``
+               -- DALI's ``box_encoder`` output (regression targets and anchor labels, 0 = background).
+val batches:   ``(images, boxes (N, M, 4) ltrb relative, labels (N, M) int with 0 = padding,
+               image_ids (N,) int)`` -- for COCO evaluation; M is the longest box list of the batch.
+
+Backends: ``dali-gpu`` and ``dali-cpu`` (the pipeline's layout is CHW: SSD's DALI graph is shared
+with the PyTorch SSD example; transpose with ``jnp.transpose(x, (0, 2, 3, 1))`` for flax). There
+is no native JAX baseline (see ``crossdali.jax.loaders``), and no JAX SSD model here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crossdali.common.detection import (
+    READER_NAME,
+    TRAIN_OUTPUTS,
+    VAL_OUTPUTS,
+    DetectionSource,
+    DetectionTransform,
+    create_detection_pipeline,
+    explain_detection_failure,
+    resolve_detection_source,
+)
+from crossdali.common.distributed import DistInfo
+from crossdali.common.loaders import prepare_split
+from crossdali.jax.loaders import DALILoader, _no_native, require_gpu
+
+__all__ = ["DETECTION_BACKENDS", "create_detection_loader"]
+
+DETECTION_BACKENDS = ("dali-gpu", "dali-cpu")
+
+
+def create_detection_loader(
+    data: str | Path | DetectionSource,
+    *,
+    train: bool,
+    backend: str = "dali-cpu",
+    batch_size: int = 32,
+    workers: int = 4,
+    seed: int = 0,
+    dist: DistInfo | None = None,
+    device_id: int | None = None,
+    hw_decoder_load: float = 1.0,
+    transform: DetectionTransform | None = None,
+    last_batch: str | None = None,
+    checkpointing: bool = False,
+) -> DALILoader:
+    """An iterable of SSD300 train or val batches (see the module docstring) over a COCO-format folder.
+
+    Same arguments as ``crossdali.pytorch.create_detection_loader`` (less ``debug``). The result
+    implements ``crossdali.common.loaders.Loader``.
+    """
+    _no_native(backend)
+    plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,
+                         source_type=DetectionSource, resolve=resolve_detection_source, batch_size=batch_size,
+                         dist=dist, last_batch=last_batch, what="detection")
+    source = plan.source
+    transform = transform or DetectionTransform()
+    require_gpu(backend)
+    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
+                                    checkpointing=checkpointing)
+    return DALILoader(plan, options,
+                      lambda opts: create_detection_pipeline(source, train=train, options=opts, transform=transform),
+                      names=TRAIN_OUTPUTS if train else VAL_OUTPUTS, reader_name=READER_NAME, flatten=("image_ids",),
+                      explain=lambda e: explain_detection_failure(source, e))

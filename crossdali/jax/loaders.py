@@ -1,0 +1,249 @@
+"""``create_classification_loader``: ``(images, labels)`` ``jax.Array`` batches from DALI's JAX
+iterator, and the loader classes the detection and video factories share.
+
+Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
+
+- ``dali-gpu``: the shared DALI pipeline with the mixed (GPU / hardware JPEG) decoder; arrays
+  arrive on the JAX GPU device ``device_id`` through DLPack, without a host round trip.
+- ``dali-cpu``: the same pipeline entirely on the CPU; arrays on JAX's CPU device (DALI's JAX
+  iterator takes CPU pipelines: measured with DALI 2.4 and jax 0.10.2, see docs/jax.md).
+- ``synthetic``: one random batch repeated, to measure the model without any input pipeline.
+
+There is no ``native`` backend: JAX has no image input pipeline of its own (JAX users feed
+tf.data, Grain or a PyTorch DataLoader), so there is no JAX-native baseline worth comparing;
+the PyTorch and TensorFlow wrappers have those baselines.
+
+Every backend yields ``images`` (N, H, W, C) float (``layout="CHW"`` for N, C, H, W; flax's
+convolutions take NHWC) and ``labels`` (N,) int32 (JAX's default integer width; int64 under
+``jax_enable_x64``), honours the epoch rules of ``crossdali.common.epochs`` and implements the
+loader contract (``crossdali.common.loaders.Loader``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import jax
+import numpy as np
+from nvidia.dali.plugin.jax import DALIGenericIterator
+
+from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
+from crossdali.common.distributed import DistInfo
+from crossdali.common.epochs import LastBatchPolicy
+from crossdali.common.loaders import SplitPlan, prepare_split
+from crossdali.common.options import PipelineOptions
+from crossdali.common.sources import DataSource, explain_decode_failure, resolve_source
+
+__all__ = ["BACKENDS", "DALIJaxIterator", "DALILoader", "SyntheticLoader", "create_classification_loader",
+           "require_gpu"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("dali-gpu", "dali-cpu", "synthetic")
+
+
+def _gpu_devices() -> list:
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:  # "Unknown backend gpu": a CPU-only jaxlib
+        return []
+
+
+def require_gpu(backend: str, hint: str = "use dali-cpu") -> None:
+    """A clear error when ``dali-gpu`` is asked of a JAX that sees no GPU."""
+    if backend == "dali-gpu" and not _gpu_devices():
+        raise RuntimeError(f"--data-backend dali-gpu needs a CUDA GPU visible to JAX, and this JAX has only "
+                           f"{jax.default_backend()} devices (a CPU-only jaxlib? install the CUDA build: "
+                           f"pip install 'jax[cuda13]=={jax.__version__}'); {hint}")
+
+
+def _no_native(backend: str) -> None:
+    if backend == "native":
+        raise ValueError("crossdali.jax has no 'native' backend: JAX has no image input pipeline of its own to "
+                         "compare with; use dali-cpu or dali-gpu (the native baselines are in crossdali.pytorch "
+                         "and crossdali.tensorflow)")
+
+
+class DALIJaxIterator(DALIGenericIterator):
+    """DALI's JAX iterator plus the ``PARTIAL`` last batch it refuses ("JAX iterator does not
+    support partial last batch policy").
+
+    crossdali's readers pad every shard's last batch (``pad_last_batch=True``), so the iterator
+    runs with ``FILL`` and this class cuts the padding rows off, with the same arithmetic as DALI's
+    PyTorch iterator (``_remove_padded``): an epoch then holds every sample exactly once. A
+    shard's padding-only last batch comes out with 0 rows (the loader skips it). The smaller last
+    batch costs one more XLA compilation of a jitted step (its shape is new); pass
+    ``last_batch="drop"`` to the factory where that matters more than seeing every sample.
+    """
+
+    def __init__(self, pipelines, output_map: list[str], *, reader_name: str,
+                 last_batch_policy: LastBatchPolicy = LastBatchPolicy.FILL, **kwargs) -> None:
+        # set before DALI's constructor, which prepares the first batch through _next_impl
+        self._partial = last_batch_policy == LastBatchPolicy.PARTIAL
+        super().__init__(pipelines, output_map, reader_name=reader_name,
+                         last_batch_policy=LastBatchPolicy.FILL if self._partial else last_batch_policy, **kwargs)
+        if self._partial and not self._last_batch_padded:
+            raise ValueError(f"a PARTIAL last batch needs the reader {reader_name!r} built with pad_last_batch=True")
+
+    def _next_impl(self) -> dict[str, jax.Array]:
+        batch = super()._next_impl()
+        if not self._partial:
+            return batch
+        # _counter has passed this batch; rows past the shard's end are the reader's padding
+        shard_size = int(self._shard_sizes_per_gpu_initial[self._shards_id[0]])
+        valid = max(0, min(self.batch_size, shard_size - (int(self._counter) - self.batch_size)))
+        return {k: v[:valid] if v.shape[0] > valid else v for k, v in batch.items()}
+
+
+class DALILoader:
+    """DALI's JAX iterator over one of the shared pipelines: plain tuples of ``jax.Array`` (the
+    ``names`` outputs, those in ``flatten`` reshaped to (N,)), a shard's padding-only last batch
+    skipped, DALI's failures turned into errors that name the file (``explain``).
+
+    Built with ``options.checkpointing``, ``state_dict()`` carries DALI's pipeline checkpoint
+    (reader position, shuffle and augmentation state; the JAX iterator shares the checkpointing
+    base of DALI's other iterators), so a restored loader continues the epoch with exactly the
+    batches the uninterrupted one would have given.
+    """
+
+    def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
+                 names: tuple[str, ...], reader_name: str, explain: Callable[[Exception], Exception],
+                 flatten: tuple[str, ...] = ("labels",)) -> None:
+        self.plan, self.source, self.policy = plan, plan.source, plan.policy
+        self.batch_size, self.num_classes = options.batch_size, plan.num_classes
+        self.names, self.flatten, self.epoch = names, flatten, 0
+        self._options, self._build, self._reader_name, self._explain = options, build, reader_name, explain
+        self._iter = self._make_iterator(options)
+
+    def _make_iterator(self, options: PipelineOptions) -> DALIJaxIterator:
+        try:
+            return DALIJaxIterator([self._build(options)], list(self.names), reader_name=self._reader_name,
+                                   last_batch_policy=self.policy, auto_reset=True)
+        except RuntimeError as e:  # the iterator runs the first batch: a bad file fails here
+            raise self._explain(e) from e
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per epoch over all shards (clips for video)."""
+        return self.plan.num_samples
+
+    def __len__(self) -> int:
+        return self.plan.batches_per_epoch
+
+    def __iter__(self) -> Iterator[tuple[jax.Array, ...]]:
+        while True:
+            try:  # next() on DALI's iterator, not iter(): iter() mid-epoch asks for a reset it refuses
+                batch = next(self._iter)
+            except StopIteration:
+                break
+            except RuntimeError as e:
+                raise self._explain(e) from e
+            if batch[self.names[0]].shape[0] == 0:
+                continue  # a shard shorter than the longest one ends with an empty batch
+            yield tuple(batch[n].reshape(-1) if n in self.flatten else batch[n] for n in self.names)
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        state = {"epoch": self.epoch}
+        if self._options.checkpointing:
+            state["dali"] = self._iter.checkpoints()[0]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        if "dali" not in state:
+            log.warning("loader state without a DALI checkpoint: epoch counter restored, but the data order "
+                        "starts again as in a fresh run (build the loader with checkpointing=True)")
+            return
+        if not self._options.checkpointing:
+            raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
+                             "checkpointing: pass checkpointing=True to the loader factory")
+        self._options = replace(self._options, checkpoint=state["dali"])
+        self._iter = self._make_iterator(self._options)
+
+
+class SyntheticLoader:
+    """One random batch, repeated: the upper bound a training loop reaches with free input."""
+
+    def __init__(self, *, num_batches: int, batch_size: int, shape: tuple[int, ...], num_classes: int,
+                 device: jax.Device, dtype: str) -> None:
+        rng = np.random.default_rng(0)  # numpy: jax.random would compile its generator first (seconds on a CPU)
+        self.images = jax.device_put(rng.standard_normal((batch_size, *shape), dtype=np.float32).astype(dtype), device)
+        self.labels = jax.device_put(rng.integers(0, max(1, num_classes), batch_size, dtype=np.int32), device)
+        self.batch_size, self.num_classes, self.epoch = batch_size, num_classes, 0
+        self._len = max(1, num_batches)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self):
+        for _ in range(self._len):
+            yield self.images, self.labels
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+
+
+def default_device(device_id: int | None = None, dist: DistInfo | None = None) -> jax.Device:
+    """The GPU ``device_id`` (default: the local rank's) when JAX has GPUs, else the CPU."""
+    gpus = _gpu_devices()
+    if not gpus:
+        return jax.devices("cpu")[0]
+    index = device_id if device_id is not None else (dist or DistInfo()).local_rank
+    return gpus[index % len(gpus)]
+
+
+def create_classification_loader(
+    data: str | Path | DataSource,
+    *,
+    train: bool,
+    backend: str = "dali-cpu",
+    batch_size: int = 256,
+    crop_size: int = 224,
+    workers: int = 4,
+    seed: int = 0,
+    dist: DistInfo | None = None,
+    device_id: int | None = None,
+    data_format: str = "auto",
+    dtype: str = "float32",
+    hw_decoder_load: float = 1.0,
+    layout: str = "HWC",
+    last_batch: str | None = None,
+    checkpointing: bool = False,
+):
+    """An iterable of ``(images, labels)`` ``jax.Array`` batches for the train or val split of ``data``.
+
+    Same arguments as ``crossdali.pytorch.create_classification_loader``, plus ``layout``:
+    ``"HWC"`` (flax's NHWC, the default) or ``"CHW"``. ``data`` is a dataset folder (ImageFolder
+    with train/ and val/, or TFRecord / RecordIO / file list) or a resolved ``DataSource``;
+    ``workers`` is DALI's thread count; ``dist`` shards by the global rank; ``device_id`` is the
+    GPU for ``dali-gpu`` (default: the local rank); ``last_batch`` overrides the epoch rule
+    ('partial' | 'drop' | 'fill'); ``checkpointing`` lets ``state_dict()`` save DALI's position
+    inside an epoch. The result implements ``crossdali.common.loaders.Loader``.
+    """
+    _no_native(backend)
+    plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
+                         resolve=lambda d, split: resolve_source(d, split, format=data_format),
+                         batch_size=batch_size, dist=dist, last_batch=last_batch)
+    source = plan.source
+    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout)
+
+    if backend == "synthetic":
+        shape = (crop_size, crop_size, 3) if layout == "HWC" else (3, crop_size, crop_size)
+        return SyntheticLoader(num_batches=plan.batches_per_epoch, batch_size=batch_size, shape=shape,
+                               num_classes=source.num_classes, device=default_device(device_id, plan.dist),
+                               dtype=dtype)
+    require_gpu(backend)
+    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
+                                    checkpointing=checkpointing)
+    return DALILoader(plan, options,
+                      lambda opts: create_classification_pipeline(source, train=train, options=opts, transform=transform),
+                      names=("images", "labels"), reader_name=READER_NAME,
+                      explain=lambda e: explain_decode_failure(source, e))

@@ -1,0 +1,224 @@
+"""Train a flax image classifier (ResNet-50 by default) with optax on DALI-fed ``jax.Array`` batches.
+
+    python -m crossdali.jax.train_classification                         # sample data, auto backend
+    python -m crossdali.jax.train_classification --data /imagenet --data-backend dali-gpu -b 256
+
+Same flags as ``crossdali.pytorch.train_classification`` where they apply. One process, one
+device: the jitted step runs on JAX's default device (the GPU when jaxlib has CUDA). Multi-host
+``jax.distributed`` is not wired here (docs/jax.md). The checkpoint (``--output-dir``, one
+msgpack file) holds the weights, the optimizer state and the train loader's DALI checkpoint, so
+``--resume`` continues the very data stream the run would have seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+from crossdali.common.distributed import detect_distributed
+from crossdali.common.metrics import MetricsWriter, format_epoch_line
+from crossdali.common.sample_data import ensure_classification
+from crossdali.common.sources import resolve_source
+from crossdali.common.train_args import add_classification_data_args
+from crossdali.jax.loaders import BACKENDS, create_classification_loader
+from crossdali.jax.models import ARCHS, create_model
+
+log = logging.getLogger("crossdali.train")
+
+CHECKPOINT = "checkpoint.msgpack"
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="crossdali JAX/flax classification training", add_help=add_help)
+    add_classification_data_args(parser, backends=BACKENDS, arch="resnet50",
+                                 arch_help=f"one of {', '.join(sorted(ARCHS))} (small_cnn: tests)",
+                                 workers_help="DALI threads")
+    parser.add_argument("--amp", action="store_true", help="compute in bfloat16 (weights and loss stay float32)")
+    parser.add_argument("--resume", type=Path, default=None, help=f"{CHECKPOINT} (or its folder) to resume from")
+    parser.add_argument("--output-dir", type=Path, default=None, help=f"{CHECKPOINT} and metrics.jsonl go here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-freq", type=int, default=10, help="steps between progress lines")
+    parser.add_argument("--test-only", action="store_true", help="only evaluate (with --resume)")
+    return parser
+
+
+class TrainState(train_state.TrainState):
+    batch_stats: Any
+
+
+def make_steps(model, *, num_classes: int, label_smoothing: float):
+    """The jitted train step (state donated: updated in place) and eval step (sums over the batch)."""
+
+    def loss_fn(params, batch_stats, images, labels):
+        logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, images, train=True,
+                                      mutable=["batch_stats"])
+        targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
+        return optax.softmax_cross_entropy(logits, targets).mean(), updates["batch_stats"]
+
+    @partial(jax.jit, donate_argnums=0)
+    def train_step(state: TrainState, images, labels):
+        (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.batch_stats,
+                                                                             images, labels)
+        return state.apply_gradients(grads=grads, batch_stats=batch_stats), loss
+
+    @jax.jit
+    def eval_step(state: TrainState, images, labels):
+        logits = model.apply({"params": state.params, "batch_stats": state.batch_stats}, images, train=False)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
+        top = jax.lax.top_k(logits, min(5, num_classes))[1]
+        return loss, (top[:, 0] == labels).sum(), (top == labels[:, None]).any(axis=1).sum()
+
+    return train_step, eval_step
+
+
+def train_one_epoch(train_step, state: TrainState, loader, *, device, epoch: int, schedule,
+                    print_freq: int) -> tuple[TrainState, dict[str, float]]:
+    loss_sum, seen, data_wait = jnp.zeros(()), 0, 0.0
+    start = last = time.perf_counter()
+    it = iter(loader)
+    steps = len(loader)
+    for step in range(steps):
+        t0 = time.perf_counter()
+        try:
+            images, labels = next(it)
+        except StopIteration:
+            break
+        data_wait += time.perf_counter() - t0
+        # a no-op for dali-gpu; dali-cpu batches live on JAX's CPU device and move to the step's device
+        images, labels = jax.device_put((images, labels), device)
+        state, loss = train_step(state, images, labels)
+        n = int(images.shape[0])
+        loss_sum, seen = loss_sum + loss * n, seen + n
+        if print_freq and (step + 1) % print_freq == 0:
+            now = time.perf_counter()
+            log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
+                     steps, float(loss), float(schedule(state.step - 1)), print_freq * n / (now - last), data_wait)
+            last = now
+    for _ in it:  # a shard may end with a skipped padding-only batch: finish the epoch
+        pass
+    loss_total = float(loss_sum)  # waits for the last step
+    elapsed = time.perf_counter() - start
+    return state, {"train_loss": loss_total / max(seen, 1), "train_img_s": seen / elapsed, "data_wait_s": data_wait,
+                   "train_samples": seen, "train_seconds": elapsed}
+
+
+def evaluate(eval_step, state: TrainState, loader, *, device) -> dict[str, float]:
+    """Loss and top-1/top-5 over the whole val set: every sample once (the last batch is smaller,
+    which costs one more compilation of ``eval_step``)."""
+    loss_sum, c1, c5, seen = jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), 0
+    for images, labels in loader:
+        loss, top1, top5 = eval_step(state, *jax.device_put((images, labels), device))
+        loss_sum, c1, c5, seen = loss_sum + loss, c1 + top1, c5 + top5, seen + int(images.shape[0])
+    n = max(seen, 1)
+    return {"val_loss": float(loss_sum) / n, "val_top1": 100 * int(c1) / n, "val_top5": 100 * int(c5) / n,
+            "val_samples": seen}
+
+
+def load_data(args, backend: str):
+    """Train and val loaders over the same dataset (the train loader with DALI checkpointing)."""
+    data = args.data if args.data is not None else ensure_classification(size=args.sample_size) / "imagefolder"
+    common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
+                  seed=args.seed, hw_decoder_load=args.hw_decoder_load, layout="HWC")
+    train_src = resolve_source(data, "train", format=args.data_format)
+    val_src = resolve_source(data, "val", format=args.data_format)
+    train_loader = create_classification_loader(train_src, train=True, checkpointing=backend != "synthetic", **common)
+    val_loader = create_classification_loader(val_src, train=False, **common)
+    num_classes = args.num_classes or train_src.num_classes
+    if not num_classes:
+        raise ValueError(f"cannot tell the number of classes of {train_src.format} data at {data}: pass --num-classes")
+    return train_loader, val_loader, num_classes
+
+
+def _choose_backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    backend = "dali-gpu" if jax.default_backend() == "gpu" else "dali-cpu"
+    log.info("data backend: %s (JAX's default backend is %s)", backend, jax.default_backend())
+    return backend
+
+
+def _checkpoint_path(path: Path) -> Path:
+    path = path / CHECKPOINT if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume {path}: no checkpoint there (expected {CHECKPOINT} written by --output-dir, "
+                                "or its folder)")
+    return path
+
+
+def main(args: argparse.Namespace) -> dict[str, float]:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    dist = detect_distributed()
+    if dist.is_distributed:
+        raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes, but the JAX example trains in one "
+                           "process (jax.distributed is not wired here); run it without a launcher")
+    backend = _choose_backend(args.data_backend)
+    device = jax.devices()[0]
+    log.info("JAX %s on %s", jax.__version__, device)
+    train_loader, val_loader, num_classes = load_data(args, backend)
+
+    model = create_model(args.arch, num_classes=num_classes, dtype=jnp.bfloat16 if args.amp else jnp.float32)
+    base_lr = args.lr * args.batch_size / 256
+    steps_per_epoch = max(1, len(train_loader))
+    total = args.epochs * steps_per_epoch
+    warmup = max(1, min(int(args.lr_warmup_epochs * steps_per_epoch), total - 1))
+    # linear warm-up from 10 %, then cosine decay, per step (the PyTorch script's schedule)
+    schedule = optax.join_schedules([optax.linear_schedule(0.1 * base_lr, base_lr, warmup),
+                                     optax.cosine_decay_schedule(base_lr, max(1, total - warmup))], [warmup])
+    tx = optax.chain(optax.add_decayed_weights(args.weight_decay), optax.sgd(schedule, momentum=args.momentum))
+    dummy = jnp.zeros((1, args.crop_size, args.crop_size, 3), jnp.float32)
+    variables = jax.jit(partial(model.init, train=False))(jax.random.key(args.seed), dummy)
+    state = TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
+                              batch_stats=variables["batch_stats"])
+    start_epoch = 0
+    if args.resume is not None:
+        path = _checkpoint_path(args.resume)
+        saved = flax.serialization.msgpack_restore(path.read_bytes())
+        state = flax.serialization.from_state_dict(state, saved["state"])
+        start_epoch = int(saved["epoch"])
+        if saved.get("loader") and hasattr(train_loader, "load_state_dict"):
+            train_loader.load_state_dict(saved["loader"])
+        log.info("resumed from %s at epoch %d", path, start_epoch + 1)
+    state = jax.device_put(state, device)
+
+    metrics = MetricsWriter(args.output_dir)
+    metrics.write(event="start", framework="jax", arch=args.arch, backend=backend, world_size=1,
+                  batch_size=args.batch_size, lr=base_lr, epochs=args.epochs, device=str(device))
+    train_step, eval_step = make_steps(model, num_classes=num_classes, label_smoothing=args.label_smoothing)
+    if args.test_only:
+        stats = evaluate(eval_step, state, val_loader, device=device)
+        log.info("test: val loss %.4f top1 %.2f top5 %.2f over %d samples", stats["val_loss"], stats["val_top1"],
+                 stats["val_top5"], stats["val_samples"])
+        metrics.write(event="test", **stats)
+        return stats
+
+    stats: dict[str, float] = {}
+    for epoch in range(start_epoch, args.epochs):
+        state, stats = train_one_epoch(train_step, state, train_loader, device=device, epoch=epoch, schedule=schedule,
+                                       print_freq=args.print_freq)
+        stats |= evaluate(eval_step, state, val_loader, device=device)
+        if not math.isfinite(stats["train_loss"]):
+            raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
+        log.info(format_epoch_line(epoch, args.epochs, stats))
+        metrics.write(event="epoch", epoch=epoch + 1, lr=float(schedule((epoch + 1) * steps_per_epoch - 1)), **stats)
+        if args.output_dir is not None:
+            saved = {"state": flax.serialization.to_state_dict(jax.device_get(state)), "epoch": epoch + 1,
+                     "loader": train_loader.state_dict()}
+            tmp = args.output_dir / f".{CHECKPOINT}.partial"
+            tmp.write_bytes(flax.serialization.msgpack_serialize(saved))
+            tmp.replace(args.output_dir / CHECKPOINT)
+    return stats
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())

@@ -1,0 +1,557 @@
+"""``create_classification_loader``: (images, labels) TensorFlow batches from any backend, and the
+loader classes the detection and video factories share.
+
+Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
+
+- ``dali-gpu``: the shared DALI pipeline (``crossdali.common.classification``) with the mixed
+  (GPU / hardware JPEG) decoder, in ``nvidia.dali.plugin.tf.DALIDataset`` placed on the GPU;
+  iterating the loader hands out tensors on that GPU.
+- ``dali-cpu``: the same pipeline entirely on the CPU, ``DALIDataset`` on ``/CPU:0``
+  (``device_id=None``, no GPU needed).
+- ``native``: ``tf.data`` + ``tf.io.decode_jpeg`` + ``tf.image`` ops mirroring the preset
+  (``crossdali.tensorflow.presets``, the baseline a TensorFlow user runs today).
+- ``synthetic``: one random batch repeated, to measure the model without an input pipeline.
+
+Every backend yields ``images`` (N, H, W, C) float (``layout="CHW"`` for N, C, H, W) and ``labels``
+(N,) int64, follows ``crossdali.common.epochs`` and implements ``crossdali.common.loaders.Loader``.
+
+Epochs over DALIDataset. ``DALIDataset`` is an endless stream that knows nothing of epochs (no
+``reader_name``, no ``LastBatchPolicy``), and every ``iter()`` over it builds a *new* pipeline
+that starts again at epoch 0. ``DALILoader`` reads the reader's metadata once from a one-sample
+twin of the pipeline and tabulates which rows of which batch of each reader epoch are real
+samples (``EpochPlan``: the reader pads every shard to the same number of batches and, without
+``stick_to_shard``, moves to the next shard each epoch). Loader iteration applies that table in
+Python to the tensors one long-lived iterator hands out, so GPU batches are sliced where they are
+and never copied; ``loader.dataset`` applies the same table with tf.data ops, for ``model.fit``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
+from crossdali.common.distributed import DistInfo
+from crossdali.common.epochs import LastBatchPolicy
+from crossdali.common.loaders import SplitPlan, prepare_split
+from crossdali.common.options import PipelineOptions
+from crossdali.common.sources import DataError, DataSource, explain_decode_failure, find_undecodable, resolve_source
+from crossdali.tensorflow.devices import enable_memory_growth, tf_device
+
+__all__ = [
+    "BACKENDS",
+    "DALILoader",
+    "EpochPlan",
+    "NativeLoader",
+    "SyntheticLoader",
+    "check_pipeline_outputs",
+    "create_classification_dataset",
+    "create_classification_loader",
+    "dali_dataset",
+]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("dali-gpu", "dali-cpu", "native", "synthetic")
+
+#: Why TensorFlow loaders take no ``checkpointing`` (measured with DALI 2.4 / TF 2.21, docs/tensorflow.md).
+NO_DALI_CHECKPOINTS = ("DALIDataset cannot restore a DALI pipeline checkpoint: over a pipeline built with "
+                       "checkpoint=... it still starts at the first batch of a fresh run (measured with DALI 2.4), "
+                       "and it has no way to save one. TensorFlow loaders resume at epoch boundaries "
+                       "(state_dict/load_state_dict); leave checkpointing off")
+
+
+# --------------------------------------------------------------------------------------------
+# Epoch bookkeeping over DALI's endless stream
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Real rows per batch of the reader's stream, for each epoch of one shard.
+
+    ``valid[k, b]`` is how many leading rows of batch ``b`` of reader epoch ``e`` (with
+    ``k = e % len(valid)``) are kept: 0 drops the batch. The reader yields
+    ``batches_per_reader_epoch`` batches per epoch whatever the shard's size.
+    """
+
+    valid: np.ndarray  # (cycle, batches_per_reader_epoch) int64
+    batch_size: int
+    epoch_size: int  # samples (clips) of one reader epoch over all shards
+
+    @property
+    def batches_per_reader_epoch(self) -> int:
+        return int(self.valid.shape[1])
+
+    def rows(self, position: int) -> int:
+        """Real rows of batch number ``position`` of a stream that started at reader epoch 0."""
+        epoch, batch = divmod(position, self.batches_per_reader_epoch)
+        return int(self.valid[epoch % len(self.valid), batch])
+
+    def steps(self, epoch: int, *, start: int = 0) -> int:
+        """Batches yielded in reader ``epoch`` (0-based) from its batch ``start`` on, padding removed."""
+        return int(np.count_nonzero(self.valid[epoch % len(self.valid), start:]))
+
+    def samples(self, epoch: int) -> int:
+        return int(self.valid[epoch % len(self.valid)].sum())
+
+    @classmethod
+    def from_reader_meta(cls, meta: dict, *, batch_size: int, policy: LastBatchPolicy) -> EpochPlan:
+        """Mirror of DALI's ``base_iterator`` arithmetic (shard sizes, padding, shard rotation)."""
+        n, shards, shard_id = int(meta["epoch_size"]), int(meta["number_of_shards"]), int(meta["shard_id"])
+        if not meta["pad_last_batch"]:
+            raise ValueError("the reader must be built with pad_last_batch=True so that every shard yields "
+                             "the same number of batches; crossdali's pipelines do this")
+        if policy not in (LastBatchPolicy.PARTIAL, LastBatchPolicy.DROP):
+            raise ValueError(f"the TensorFlow wrapper supports PARTIAL and DROP last-batch policies, got {policy.name}")
+        sizes = np.array([(s + 1) * n // shards - s * n // shards for s in range(shards)], dtype=np.int64)
+        per_epoch = math.ceil(int(sizes.max()) / batch_size)  # the reader pads every shard to this
+        rotation = [shard_id] if meta["stick_to_shard"] else [(shard_id + k) % shards for k in range(shards)]
+        starts = np.arange(per_epoch, dtype=np.int64) * batch_size
+        rows = []
+        for shard in rotation:
+            if policy == LastBatchPolicy.DROP:
+                full = (n // shards) // batch_size  # same on every shard: equal optimizer steps
+                rows.append(np.where(np.arange(per_epoch) < full, batch_size, 0))
+            else:
+                rows.append(np.clip(sizes[shard] - starts, 0, batch_size))
+        return cls(valid=np.stack(rows).astype(np.int64), batch_size=batch_size, epoch_size=n)
+
+
+def _planned(stream: tf.data.Dataset, plan: EpochPlan, *, names: tuple[str, ...],
+             flatten: tuple[str, ...]) -> tf.data.Dataset:
+    """``plan`` applied with tf.data ops (the ``.dataset`` view): padded and surplus batches
+    dropped, short ones trimmed, ``flatten`` outputs reshaped to (N,). These ops run on the host."""
+    table = tf.constant(plan.valid)
+    per_epoch, cycle = plan.batches_per_reader_epoch, plan.valid.shape[0]
+
+    def rows(i):
+        return table[(i // per_epoch) % cycle, i % per_epoch]
+
+    def trim(i, batch):
+        return tuple(tf.reshape(x[: rows(i)], [-1]) if n in flatten else x[: rows(i)] for n, x in zip(names, batch))
+
+    return (stream.enumerate().filter(lambda i, batch: rows(i) > 0).map(trim)
+            .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
+
+
+# --------------------------------------------------------------------------------------------
+# DALIDataset construction with an early shape/dtype check
+# --------------------------------------------------------------------------------------------
+
+
+def check_pipeline_outputs(pipeline, *, output_shapes, output_dtypes) -> None:
+    """Run ``pipeline`` once and raise ``ValueError`` if an output does not match what the
+    dataset declares (per-sample shape and dtype; the batch dimension is not checked).
+
+    DALIDataset only notices a mismatch inside ``IteratorGetNext``, mid-``fit``; this check
+    makes it fail at construction with both shapes and the likely fix.
+    """
+    pipeline.build()
+    outputs = pipeline.run()
+    for i, (out, shape, dtype) in enumerate(zip(outputs, output_shapes, output_dtypes)):
+        if hasattr(out, "as_cpu"):
+            out = out.as_cpu()
+        got = tuple(out.as_tensor().shape())[1:] if out.is_dense_tensor() else None
+        want = tuple(tf.TensorShape(shape).as_list()[1:])
+        if got is None:
+            raise ValueError(f"pipeline output {i} has samples of different shapes (e.g. {out[0].shape()}), "
+                             f"but the dataset declares {want} per sample: crop/resize every sample to one size")
+        if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
+            raise ValueError(f"pipeline output {i} has per-sample shape {got} but the dataset declares {want}; "
+                             "make the declared output_shapes match the pipeline (crop_size and output_layout "
+                             "of the ClassificationTransform) or fix the pipeline")
+        got_dtype = np.dtype(np.asarray(out.as_tensor()).dtype)
+        if got_dtype != tf.as_dtype(dtype).as_numpy_dtype:
+            raise ValueError(f"pipeline output {i} has dtype {got_dtype} but the dataset declares "
+                             f"{tf.as_dtype(dtype).name}; pass output_dtypes matching the pipeline")
+
+
+def dali_dataset(pipeline, *, batch_size: int, output_shapes, output_dtypes, device_id: int | None,
+                 check_outputs: bool = True, host_outputs: bool = False) -> tf.data.Dataset:
+    """``DALIDataset`` over ``pipeline`` on ``/CPU:0`` (``device_id=None``) or on the TF GPU that is
+    CUDA device ``device_id``, running with the pipeline's own thread count and queue depth.
+
+    ``check_outputs`` runs the pipeline object once first (see ``check_pipeline_outputs``); the
+    dataset itself runs a fresh copy deserialized from it, so the check consumes nothing.
+    ``host_outputs``: a GPU pipeline with some outputs on the CPU (DALIDataset refuses it, "TF device
+    and DALI device mismatch", unless told that they are to be copied to the GPU).
+    """
+    import nvidia.dali.plugin.tf as dali_tf  # defer: the plugin loads a compiled TF op library
+
+    shapes = tuple(tf.TensorShape(s) for s in output_shapes)
+    dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
+    for s in shapes:
+        if s.rank is None or (s[0] is not None and s[0] != batch_size):
+            raise ValueError(f"declared output shape {s} must start with the batch size {batch_size}")
+    # DALIDataset does not read these from the pipeline: without them it runs 4 threads, whatever was asked
+    depth = pipeline.prefetch_queue_depth
+    queues = (dict(exec_separated=True, cpu_prefetch_queue_depth=depth["cpu_size"],
+                   gpu_prefetch_queue_depth=depth["gpu_size"]) if isinstance(depth, dict)
+              else dict(prefetch_queue_depth=depth))
+    with tf.device(tf_device(device_id)):
+        ds = dali_tf.DALIDataset(pipeline=pipeline, batch_size=batch_size, output_shapes=shapes, output_dtypes=dtypes,
+                                 device_id=device_id, num_threads=pipeline.num_threads,
+                                 fail_on_device_mismatch=not host_outputs, **queues)
+    if check_outputs:
+        check_pipeline_outputs(pipeline, output_shapes=shapes, output_dtypes=dtypes)
+    return ds
+
+
+# --------------------------------------------------------------------------------------------
+# The loaders
+# --------------------------------------------------------------------------------------------
+
+
+class DALILoader:
+    """One of the shared DALI pipelines through ``DALIDataset``, with the epochs DALIDataset lacks.
+
+    ``for batch in loader`` is one epoch of tuples of tensors (the ``names`` outputs, those in
+    ``flatten`` reshaped to (N,)), padding rows removed (``EpochPlan``), on the pipeline's device:
+    ``dali-gpu`` batches stay on the GPU (the iterator is made under the GPU's device scope and
+    the bookkeeping slices the eager GPU tensors). The next ``for`` continues the same stream.
+
+    ``dataset`` is the same stream as a ``tf.data.Dataset`` for ``model.fit``: endless for train
+    (give Keras ``steps_per_epoch``), one epoch for val. Its bookkeeping runs as host tf.data
+    ops, so on the GPU every batch goes through host memory.
+
+    ``state_dict`` is epoch-level: DALIDataset cannot restore DALI's checkpoints (see
+    ``NO_DALI_CHECKPOINTS``), so a restored loader continues the epoch count and starts that
+    epoch's data from its beginning, in a fresh run's order. ``host_outputs``: the pipeline leaves
+    some outputs on the CPU in GPU mode; DALIDataset copies them to the GPU.
+    """
+
+    def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
+                 names: tuple[str, ...], output_shapes, output_dtypes, reader_name: str,
+                 explain: Callable[[Exception], Exception], flatten: tuple[str, ...] = ("labels",),
+                 twin_on_cpu: bool = True, host_outputs: bool = False) -> None:
+        if options.checkpointing:
+            raise ValueError(NO_DALI_CHECKPOINTS)
+        self.plan, self.source, self.policy, self.backend = plan, plan.source, plan.policy, plan.backend
+        self.batch_size, self.num_classes = options.batch_size, plan.num_classes
+        self.names, self.flatten, self._explain = names, flatten, explain
+        if options.device == "gpu":
+            enable_memory_growth()  # before anything below touches the GPU
+        self.device = tf_device(options.pipeline_device_id)
+        shapes = tuple(tf.TensorShape(s) for s in output_shapes)
+        dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
+        self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
+        self._raw = dali_dataset(build(options), batch_size=self.batch_size, output_shapes=shapes, output_dtypes=dtypes,
+                                 device_id=options.pipeline_device_id, check_outputs=False, host_outputs=host_outputs)
+        self._epoch0, self._pos, self._it = 0, 0, None
+
+    def _epoch_plan(self, build, options, shapes, dtypes, *, twin_on_cpu: bool, reader_name: str) -> EpochPlan:
+        """A one-sample twin of the pipeline: its reader metadata sizes the epochs, and its first
+        sample checks the declared shapes before DALIDataset runs. On the CPU unless the data
+        needs the GPU (H.264 video), so it costs no GPU memory."""
+        twin_opts = replace(options, batch_size=1, num_threads=1, prefetch_queue_depth=1, initial_fill=1)
+        if twin_on_cpu:
+            twin_opts = replace(twin_opts, device="cpu", device_id=None)
+        try:
+            twin = build(twin_opts)
+            check_pipeline_outputs(twin, output_shapes=[(1, *s[1:]) for s in shapes], output_dtypes=dtypes)
+        except RuntimeError as e:
+            raise self._explain(e) from e
+        meta = twin.reader_meta(reader_name)
+        del twin
+        return EpochPlan.from_reader_meta(meta, batch_size=self.batch_size, policy=self.policy)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per epoch over all shards (clips for video), as the reader counts them."""
+        return self.epochs.epoch_size
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed (a restored loader counts on from its state)."""
+        return self._epoch0 + self._pos // self.epochs.batches_per_reader_epoch
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch for Keras; for PARTIAL with unequal shards it is the first epoch's count."""
+        return self.epochs.steps(0)
+
+    def __len__(self) -> int:
+        """Batches the next ``for`` yields (the rest of the epoch if one was left mid-way)."""
+        epoch, batch = divmod(self._pos, self.epochs.batches_per_reader_epoch)
+        return self.epochs.steps(epoch, start=batch)
+
+    def _next(self) -> tuple:
+        if self._it is None:
+            with tf.device(self.device):  # the iterator (and with it the batches) on the pipeline's device
+                self._it = iter(self._raw)
+        try:
+            with tf.device(self.device):
+                batch = next(self._it)
+        except tf.errors.OpError as e:
+            raise self._explain(e) from e
+        self._pos += 1
+        return batch
+
+    def __iter__(self) -> Iterator[tuple[tf.Tensor, ...]]:
+        per_epoch = self.epochs.batches_per_reader_epoch
+        end = (self._pos // per_epoch + 1) * per_epoch
+        while self._pos < end:
+            rows = self.epochs.rows(self._pos)
+            batch = self._next()
+            if rows == 0:
+                continue
+            # a shard's trailing padding-only batches are read now, so the epoch is complete (and
+            # counted) once its last real batch is out, however the caller stops iterating
+            while self._pos < end and self.epochs.rows(self._pos) == 0:
+                self._next()
+            with tf.device(self.device):  # sliced where they are (a GPU batch stays on the GPU)
+                out = tuple(self._trim(name, x, rows) for name, x in zip(self.names, batch))
+            yield out  # outside the device scope: the caller's code must not run under it
+
+    def _trim(self, name: str, x: tf.Tensor, rows: int) -> tf.Tensor:
+        if rows < self.batch_size:
+            x = x[:rows]
+        return tf.reshape(x, [-1]) if name in self.flatten else x
+
+    @functools.cached_property
+    def dataset(self) -> tf.data.Dataset:
+        stream = _planned(self._raw, self.epochs, names=self.names, flatten=self.flatten)
+        # val: one epoch, re-iterable (a fresh pipeline each time starts at epoch 0: the same samples)
+        return stream if self.plan.train else stream.take(self.epochs.steps(0))
+
+    def state_dict(self) -> dict:
+        per_epoch = self.epochs.batches_per_reader_epoch
+        epoch, batch = divmod(self._pos, per_epoch)
+        return {"epoch": self.epoch, "batches": self.epochs.steps(epoch) - self.epochs.steps(epoch, start=batch)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "dali" in state:
+            raise ValueError("this loader state holds a DALI checkpoint (a PyTorch loader's); " + NO_DALI_CHECKPOINTS)
+        self._epoch0, self._pos, self._it = int(state["epoch"]), 0, None
+        if int(state.get("batches", 0)):
+            log.warning("loader state saved %d batches into epoch %d: TensorFlow's DALI loaders resume at epoch "
+                        "boundaries, so that epoch starts again from its first batch", state["batches"],
+                        self._epoch0 + 1)
+
+
+class NativeLoader:
+    """tf.data batches from ``make_stream(epoch, skip)``, an endless stream of epochs starting at
+    ``epoch`` with its first ``skip`` batches left out. Each epoch's order is a function of the
+    epoch, so ``state_dict`` (epoch and batches consumed) resumes the same order mid-epoch
+    (augmentation inside tf.data is not restored: it follows TensorFlow's op seeds)."""
+
+    def __init__(self, make_stream: Callable[[int, int], tf.data.Dataset], *, steps: int, batch_size: int,
+                 num_classes: int, num_samples: int, train: bool, source: DataSource) -> None:
+        self._make_stream, self._steps, self.train = make_stream, steps, train
+        self.batch_size, self.num_classes, self.num_samples = batch_size, num_classes, num_samples
+        self.source, self.backend = source, "native"
+        self.epoch, self._consumed, self._it = 0, 0, None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._steps
+
+    def __len__(self) -> int:
+        return self._steps - self._consumed
+
+    def __iter__(self) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
+        if self._it is None:
+            self._it = iter(self._make_stream(self.epoch, self._consumed))
+        for _ in range(self._steps - self._consumed):
+            try:
+                batch = next(self._it)
+            except tf.errors.OpError as e:
+                raise self._explain(e) from e
+            self._consumed += 1
+            if self._consumed == self._steps:  # counted when the last batch is out, however the caller stops
+                self.epoch, self._consumed = self.epoch + 1, 0
+            yield batch
+
+    @functools.cached_property
+    def dataset(self) -> tf.data.Dataset:
+        """Endless from epoch 0 for train (give Keras ``steps_per_epoch``), one epoch for val."""
+        stream = self._make_stream(0, 0)
+        return stream if self.train else stream.take(self._steps)
+
+    def _explain(self, error: Exception) -> Exception:
+        """A ``tf.io.decode_jpeg`` failure as a ``DataError`` naming the file (TF's message does not)."""
+        if self.source.files and "jpeg" in str(error).lower():
+            found = find_undecodable(self.source.files)
+            if found is not None:
+                path, reason = found
+                return DataError(f"{path} cannot be decoded ({reason}); re-encode or remove it")
+        return error
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batches": self._consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._consumed, self._it = int(state["epoch"]), int(state.get("batches", 0)), None
+
+
+class SyntheticLoader:
+    """One random batch, repeated: the upper bound a training loop reaches with free input."""
+
+    def __init__(self, *, steps: int, batch_size: int, image_shape: tuple[int, ...], dtype: tf.DType,
+                 num_classes: int) -> None:
+        g = tf.random.Generator.from_seed(0)
+        self.images = tf.cast(g.normal((batch_size, *image_shape), dtype=tf.float32), dtype)
+        self.labels = g.uniform([batch_size], 0, max(1, num_classes), dtype=tf.int64)
+        self.batch_size, self.num_classes, self.backend, self.epoch = batch_size, num_classes, "synthetic", 0
+        self._steps = max(1, steps)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._steps
+
+    def __len__(self) -> int:
+        return self._steps
+
+    def __iter__(self) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
+        for i in range(self._steps):
+            if i == self._steps - 1:
+                self.epoch += 1
+            yield self.images, self.labels
+
+    @functools.cached_property
+    def dataset(self) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensors((self.images, self.labels)).repeat()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+
+
+# --------------------------------------------------------------------------------------------
+# Backends
+# --------------------------------------------------------------------------------------------
+
+
+def _image_shape(transform: ClassificationTransform) -> tuple[int, int, int]:
+    c = transform.crop_size
+    return (c, c, 3) if transform.output_layout == "HWC" else (3, c, c)
+
+
+def _native_loader(plan: SplitPlan, *, transform: ClassificationTransform, workers: int, seed: int) -> NativeLoader:
+    """tf.data over the same contiguous shards as DALI (``[r*N//S, (r+1)*N//S)``). Train, files: one
+    global permutation per epoch, seeded by (seed, epoch) and the same on every rank, as DALI's
+    reader and PyTorch's ``ShardSampler`` do; train, TFRecord (read in sequence): a seeded shuffle
+    buffer inside the shard."""
+    from crossdali.tensorflow.presets import normalize, parse_tfrecord, train_image, val_image
+
+    source, dist, train, bs = plan.source, plan.dist, plan.train, plan.batch_size
+    n, rank, world = source.num_samples, dist.rank, dist.world_size
+    lo, hi = rank * n // world, (rank + 1) * n // world
+    drop = plan.policy == LastBatchPolicy.DROP
+    per_epoch = (n // world) // bs * bs if drop else hi - lo  # samples of this shard used per epoch
+    augment = train_image if train else val_image
+
+    if source.format in ("imagefolder", "filelist"):
+        files, labels = tf.constant(source.files), tf.constant(source.labels, tf.int64)
+
+        def samples(epoch):  # (jpeg bytes, label) in this epoch's order
+            order = tf.range(n, dtype=tf.int64)
+            if train:
+                order = tf.random.experimental.stateless_shuffle(order, seed=tf.stack([tf.constant(seed, tf.int64),
+                                                                                      epoch]))
+            order = order[lo:hi][:per_epoch]
+            ds = tf.data.Dataset.from_tensor_slices((tf.gather(files, order), tf.gather(labels, order)))
+            return ds, lambda f, y: (tf.io.read_file(f), y)
+    elif source.format == "tfrecord":
+        records = tf.data.TFRecordDataset(list(source.paths)).skip(lo).take(hi - lo)
+
+        def samples(epoch):
+            ds = records.shuffle(min(hi - lo, 10_000), seed=seed * 100_003 + epoch, reshuffle_each_iteration=False) \
+                if train else records
+            return ds.take(per_epoch), parse_tfrecord
+    else:
+        raise DataError(f"the native TensorFlow backend reads image files or TFRecord; {source.root} holds "
+                        f"{source.format} records. Use --data-backend dali-cpu/dali-gpu.")
+
+    def make_stream(first_epoch: int, skip_batches: int) -> tf.data.Dataset:
+        def one_epoch(epoch):
+            ds, read = samples(epoch)
+            ds = ds.skip(tf.where(epoch == first_epoch, tf.constant(skip_batches * bs, tf.int64),
+                                  tf.constant(0, tf.int64)))
+
+            def decode(*sample):
+                jpeg, label = read(*sample)
+                return normalize(augment(jpeg, transform), transform), label
+
+            ds = ds.map(decode, num_parallel_calls=max(1, workers), deterministic=True)
+            return ds.batch(bs, drop_remainder=drop)
+
+        return tf.data.Dataset.counter(first_epoch).flat_map(one_epoch).prefetch(2)
+
+    steps = per_epoch // bs if drop else math.ceil(per_epoch / bs)
+    return NativeLoader(make_stream, steps=steps, batch_size=bs, num_classes=source.num_classes, num_samples=n,
+                        train=train, source=source)
+
+
+def create_classification_loader(
+    data: str | Path | DataSource,
+    *,
+    train: bool,
+    backend: str = "dali-cpu",
+    batch_size: int = 256,
+    crop_size: int = 224,
+    workers: int = 4,
+    seed: int = 0,
+    dist: DistInfo | None = None,
+    device_id: int | None = None,
+    data_format: str = "auto",
+    dtype: str = "float32",
+    layout: str = "HWC",
+    hw_decoder_load: float = 1.0,
+    last_batch: str | None = None,
+    checkpointing: bool = False,
+) -> DALILoader | NativeLoader | SyntheticLoader:
+    """A loader of ``(images, labels)`` TF batches for the train or val split of ``data``.
+
+    ``data`` is a dataset folder (ImageFolder with train/ and val/, TFRecord, RecordIO or file
+    list, see ``crossdali.common.sources.resolve_source``) or an already resolved ``DataSource``.
+    ``workers`` is DALI's thread count or tf.data's parallel calls. ``dist`` shards by the global
+    rank (default: one process). ``device_id`` is the GPU for ``dali-gpu`` (default: the local
+    rank). ``layout`` is ``"HWC"`` (Keras' channels_last, the default) or ``"CHW"``.
+    ``last_batch`` overrides the epoch rule ('partial' | 'drop'). ``checkpointing`` must stay off:
+    DALIDataset cannot restore DALI checkpoints (``state_dict`` is epoch-level, docs/tensorflow.md).
+    The result implements ``crossdali.common.loaders.Loader``.
+    """
+    plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
+                         resolve=lambda d, split: resolve_source(d, split, format=data_format),
+                         batch_size=batch_size, dist=dist, last_batch=last_batch,
+                         policies=(LastBatchPolicy.PARTIAL, LastBatchPolicy.DROP))
+    if checkpointing:
+        raise ValueError(NO_DALI_CHECKPOINTS)
+    source = plan.source
+    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout)
+    if backend == "synthetic":
+        return SyntheticLoader(steps=plan.batches_per_epoch, batch_size=batch_size, image_shape=_image_shape(transform),
+                               dtype=tf.float16 if dtype == "float16" else tf.float32, num_classes=source.num_classes)
+    if backend == "native":
+        return _native_loader(plan, transform=transform, workers=workers, seed=seed)
+    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load)
+    return DALILoader(plan, options,
+                      lambda opts: create_classification_pipeline(source, train=train, options=opts, transform=transform),
+                      names=("images", "labels"), reader_name=READER_NAME,
+                      output_shapes=((batch_size, *_image_shape(transform)), (batch_size, 1)),
+                      output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
+                      explain=lambda e: explain_decode_failure(source, e))
+
+
+def create_classification_dataset(data: str | Path | DataSource, *, train: bool, **kwargs) -> tf.data.Dataset:
+    """The ``tf.data.Dataset`` of ``create_classification_loader(data, train=train, **kwargs)``.
+
+    train: endless (epochs follow each other in one stream): pass
+    ``steps_per_epoch=create_classification_loader(...).steps_per_epoch`` to Keras, and never let
+    Keras re-iterate it per epoch (a new iterator restarts DALI at epoch 0: same shuffle).
+    val: exactly one epoch, every sample once across shards; iterating again repeats it.
+    On ``dali-gpu`` its epoch bookkeeping runs on the host: iterate the loader itself to keep
+    batches on the GPU (docs/tensorflow.md).
+    """
+    return create_classification_loader(data, train=train, **kwargs).dataset

@@ -1,0 +1,114 @@
+"""A corpus of bad (and odd but good) inputs, built from the sample photos, for the check's unit
+tests and the cross-framework conformance suite. Each case is one image added to a small
+ImageFolder; ``EXPECTED`` is the verdict every framework's loader must reach."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+
+
+def _photo(tiny: Path) -> bytes:
+    return sorted((tiny / "imagefolder" / "val" / "astronaut").glob("*.jpg"))[0].read_bytes()
+
+
+def _pil(img_bytes: bytes):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(img_bytes)).convert("RGB")
+
+
+def _save(img, fmt: str, **kw) -> bytes:
+    out = io.BytesIO()
+    img.save(out, fmt, **kw)
+    return out.getvalue()
+
+
+def _sos_end(jpeg: bytes) -> int:
+    i = jpeg.index(b"\xff\xda")
+    return i + 2 + struct.unpack(">H", jpeg[i + 2: i + 4])[0]
+
+
+def _without_dqt(jpeg: bytes) -> bytes:
+    """A structurally whole JPEG with no quantisation table: DALI's decoder fails on it."""
+    out, pos = bytearray(jpeg[:2]), 2
+    while True:
+        marker, length = jpeg[pos + 1], struct.unpack(">H", jpeg[pos + 2: pos + 4])[0]
+        if marker == 0xDA:
+            return bytes(out + jpeg[pos:])
+        if marker != 0xDB:
+            out += jpeg[pos: pos + 2 + length]
+        pos += 2 + length
+
+
+def case_bytes(tiny: Path) -> dict[str, tuple[str, bytes]]:
+    """case name -> (file name, bytes)."""
+    good = _photo(tiny)
+    img = _pil(good)
+    start = _sos_end(good)
+    # image data cut in the middle but the end marker kept: structure intact, libjpeg only warns
+    # ("Corrupt JPEG data: premature end of data segment") and DALI trains on grey blocks
+    cut = good[: start + (len(good) - start) // 2] + b"\xff\xd9"
+    marker = bytearray(good)
+    marker[start + 100: start + 102] = b"\xff\x3a"  # an invalid marker inside the image data
+    forged = bytearray(good)
+    sof = next(i for i in range(len(good) - 1) if good[i] == 0xFF and good[i + 1] in (0xC0, 0xC1, 0xC2))
+    forged[sof + 5: sof + 9] = struct.pack(">HH", 30000, 30000)
+    exif_img = img.copy()
+    exif = exif_img.getexif()
+    exif[0x0112] = 6  # rotated 90 degrees
+    arr16 = (np.asarray(img.convert("L"), dtype=np.uint16) * 257)
+    from PIL import Image
+
+    return {
+        "good": ("good.jpg", good),
+        "upper-ext": ("UPPER.JPG", good),
+        "space-unicode": ("a file é.jpg", good),
+        "grayscale": ("gray.jpg", _save(img.convert("L"), "JPEG")),
+        "cmyk": ("cmyk.jpg", _save(img.convert("CMYK"), "JPEG")),
+        "progressive": ("progressive.jpg", _save(img, "JPEG", progressive=True)),
+        "exif-rotated": ("exif.jpg", _save(exif_img, "JPEG", exif=exif)),
+        "one-pixel": ("one.jpg", _save(img.resize((1, 1)), "JPEG")),
+        "png16": ("deep.png", _save(Image.fromarray(arr16), "PNG")),
+        "empty": ("empty.jpg", b""),
+        "html": ("page.jpg", b"<!DOCTYPE html><html><body>403 Forbidden</body></html>\n"),
+        "gif": ("anim.jpg", _save(img, "GIF")),
+        "png-as-jpg": ("png.jpg", _save(img, "PNG")),
+        "webp-as-jpg": ("webp.jpg", _save(img, "WEBP")),
+        "bmp-as-jpg": ("bmp.jpg", _save(img, "BMP")),
+        "tiff-as-jpg": ("tiff.jpg", _save(img, "TIFF")),
+        "truncated": ("truncated.jpg", good[: len(good) // 2]),
+        "bad-marker": ("marker.jpg", bytes(marker)),
+        "no-dqt": ("nodqt.jpg", _without_dqt(good)),
+        "warning-only": ("warns.jpg", cut),
+        "forged-30000": ("forged.jpg", bytes(forged)),
+    }
+
+
+#: verdict of every loader (fast check by default): "accept" or the problem code it is refused with
+EXPECTED = {
+    "good": "accept", "upper-ext": "accept", "space-unicode": "accept", "grayscale": "accept", "cmyk": "accept",
+    "progressive": "accept", "exif-rotated": "accept", "one-pixel": "accept", "png16": "accept",
+    "empty": "empty", "html": "not-an-image", "gif": "unsupported-format", "png-as-jpg": "misnamed",
+    "webp-as-jpg": "misnamed", "bmp-as-jpg": "misnamed", "tiff-as-jpg": "misnamed", "truncated": "truncated",
+    "bad-marker": "corrupt", "forged-30000": "too-large",
+    # found only by decoding: the loaders refuse them once `crossdali check --depth full` has run
+    "no-dqt": "decode-failed", "warning-only": "decoder-warning",
+}
+#: cases the fast pass cannot see (no decode)
+FULL_ONLY = {"no-dqt", "warning-only"}
+
+
+def image_folder(root: Path, tiny: Path, name: str, data: bytes, *, per_class: int = 3) -> Path:
+    """``root/val/{a,b}/`` with ``per_class`` good photos each, plus the case file in ``b``."""
+    src = sorted((tiny / "imagefolder" / "val" / "astronaut").glob("*.jpg"))[:per_class]
+    for cls in ("a", "b"):
+        (root / "val" / cls).mkdir(parents=True, exist_ok=True)
+        for f in src:
+            shutil.copy(f, root / "val" / cls / f.name)
+    (root / "val" / "b" / name).write_bytes(data)
+    return root

@@ -1,0 +1,141 @@
+"""Every bad-input case through every framework's DALI loader: the same verdict everywhere.
+
+The verdict is "accept" (and then every batch is finite and of the right shape) or "refuse" with
+a ``DataError`` that names the file. Parametrised by framework; each framework is imported with
+``pytest.importorskip``, so each nox session runs its own part against the shared ``EXPECTED``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conformance.corpus import EXPECTED, FULL_ONLY, case_bytes, image_folder
+
+FRAMEWORKS = ("pytorch", "tensorflow", "mxnet")
+
+
+def _batches(framework: str, root: Path) -> list[np.ndarray]:
+    """Every image batch of the val split through ``framework``'s dali-cpu loader, as numpy."""
+    mod = pytest.importorskip({"pytorch": "torch", "tensorflow": "tensorflow", "mxnet": "mxnet"}[framework])
+    del mod
+    if framework == "pytorch":
+        from crossdali.pytorch import create_classification_loader
+
+        return [x.numpy() for x, _ in create_classification_loader(root, train=False, batch_size=4, crop_size=32,
+                                                                    workers=1)]
+    if framework == "tensorflow":
+        from crossdali.tensorflow import create_classification_loader
+
+        return [np.transpose(x.numpy(), (0, 3, 1, 2)) for x, _ in create_classification_loader(
+            root, train=False, batch_size=4, crop_size=32, workers=1)]
+    from crossdali.mxnet import create_classification_loader
+
+    it = create_classification_loader(root, train=False, batch_size=4, crop_size=32, workers=1)
+    return [b.data[0].asnumpy()[: 4 - b.pad] for b in it]
+
+
+def _verdict(framework: str, root: Path, name: str) -> str:
+    from crossdali.common.sources import DataError
+
+    try:
+        batches = _batches(framework, root)
+    except DataError as e:
+        assert name in str(e), f"the error does not name {name}: {e}"
+        return "refuse"
+    images = np.concatenate(batches)
+    assert images.shape == (7, 3, 32, 32) and np.isfinite(images).all()
+    return "accept"
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_classification):
+    return case_bytes(tiny_classification)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CROSSDALI_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_same_verdict_in_every_framework(framework, case, corpus, tiny_classification, tmp_path):
+    name, data = corpus[case]
+    root = image_folder(tmp_path / "data", tiny_classification, name, data)
+    # by default the loaders run the fast pass; only DALI's decoder itself stops on no-dqt
+    expected = "accept" if case == "warning-only" else ("accept" if EXPECTED[case] == "accept" else "refuse")
+    assert _verdict(framework, root, name) == expected
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("case", sorted(FULL_ONLY))
+def test_full_check_makes_every_loader_refuse(framework, case, corpus, tiny_classification, tmp_path):
+    """After `crossdali check --depth full` the cache knows the file is bad: every loader refuses it."""
+    from crossdali.common.check import check_data
+
+    name, data = corpus[case]
+    root = image_folder(tmp_path / "data", tiny_classification, name, data)
+    report = check_data(root, depth="full", device="cpu")
+    assert [p.code for p in report.errors] == [EXPECTED[case]]
+    assert _verdict(framework, root, name) == "refuse"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_exclusion_list_trains_on_the_rest(framework, corpus, tiny_classification, tmp_path):
+    """The exclusion list the check writes is accepted by every framework's loader."""
+    from crossdali.common.check import check_data
+
+    root = tmp_path / "data"
+    for case in ("gif", "truncated", "forged-30000"):
+        image_folder(root, tiny_classification, *corpus[case])
+    report = check_data(root, depth="fast", device="cpu")
+    _, exclude = report.write(tmp_path / "check")
+    assert len(report.errors) == 3
+    pytest.importorskip({"pytorch": "torch", "tensorflow": "tensorflow", "mxnet": "mxnet"}[framework])
+    module = __import__(f"crossdali.{framework}", fromlist=["create_classification_loader"])
+    from crossdali.common.sources import resolve_source
+
+    source = resolve_source(root, "val", exclude=exclude)
+    assert source.num_samples == 6
+    loader = module.create_classification_loader(source, train=False, batch_size=4, crop_size=32, workers=1)
+    n = sum(int(b.data[0].shape[0] - b.pad) for b in loader) if framework == "mxnet" else \
+        sum(int(x.shape[0]) for x, _ in loader)
+    assert n == 6
+
+
+_RSS_PROBE = textwrap.dedent("""
+    import json, resource, sys
+    from crossdali.common.sources import DataError
+    from crossdali.{framework} import create_classification_loader
+    try:
+        loader = create_classification_loader(sys.argv[1], train=False, batch_size=4, crop_size=32, workers=1)
+        for _ in loader:
+            pass
+        verdict = "accept"
+    except DataError as e:
+        verdict = "refuse" if "forged.jpg" in str(e) else "refuse-unnamed"
+    print(json.dumps({{"verdict": verdict, "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+""")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_forged_header_memory_stays_bounded(framework, corpus, tiny_classification, tmp_path):
+    """A header that claims 30000x30000 (2.5 GiB of pixels) is refused from the header: the
+    process never grows past the framework's own footprint (measured in a subprocess)."""
+    pytest.importorskip({"pytorch": "torch", "tensorflow": "tensorflow", "mxnet": "mxnet"}[framework])
+    root = image_folder(tmp_path / "data", tiny_classification, *corpus["forged-30000"])
+    env = dict(os.environ, CROSSDALI_CACHE=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _RSS_PROBE.format(framework=framework), str(root)], env=env,
+                         capture_output=True, text=True, timeout=300, check=True)  # about 10 s here
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["verdict"] == "refuse"
+    assert result["peak_rss_kib"] < 2 * 2**20, result  # 2 GiB: decoding the image alone would take 2.5 GiB
