@@ -25,6 +25,7 @@ from crossdali.common.external import (
     prepare_external_source,
     stream_checkpoint_warning_silenced,
 )
+from crossdali.common.loaders import decode_dali_checkpoint
 from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import DataError
 from crossdali.pytorch.loaders import DALILoader, require_cuda
@@ -113,7 +114,7 @@ class ExternalSourceLoader(DALILoader):
                 raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
                                  "checkpointing: pass checkpointing=True to the loader factory")
             self._offset = int(state.get("epoch_offset", 0))  # DALI restores its own epoch index
-            self._options = replace(self._options, checkpoint=state["dali"])
+            self._options = replace(self._options, checkpoint=decode_dali_checkpoint(state["dali"]))
         elif self.ext.kind == "indexed":
             self._offset = self.epoch  # DALI starts at its epoch 0: shift to the epoch we are at
             if self._samples:

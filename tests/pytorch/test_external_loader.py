@@ -3,6 +3,7 @@ across shards, DALI's Python workers, mid-epoch resume, bad samples, and the Squ
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,7 @@ def test_mid_epoch_resume_continues_with_the_same_batches(val_items, kind):
     assert state["epoch"] == 1 and state["batches"] == 3 and "dali" in state
 
     restored = _loader(source, **make)
-    restored.load_state_dict(state)
+    restored.load_state_dict(json.loads(json.dumps(state)))  # plain JSON-able values, as the contract says
     resumed = _epoch(restored)
     assert len(head) + len(resumed) == 7
     for (a, la), (b, lb) in zip(rest, resumed, strict=True):
