@@ -5,6 +5,7 @@
     crossdali check DATA                            find bad samples before training
     crossdali train TASK [--framework F] [...]      run a training script (its own flags follow)
     crossdali plot RUN_DIR                          curves of a run (loss, top-1, images/s, data wait)
+    crossdali predict CHECKPOINT IMAGE...           top classes of images (PyTorch checkpoint)
     crossdali bench NAME [...]                      a benchmark script of the source checkout
 
 Nothing heavy is imported before a command runs (``--help`` answers in well under a second); each
@@ -33,7 +34,8 @@ TRAIN_SCRIPTS: dict[tuple[str, str], str] = {
 }
 #: framework -> the module that must be importable for it (looked up, never imported, by ``info``/``train``).
 FRAMEWORKS = {"pytorch": "torch", "tensorflow": "tensorflow", "jax": "jax", "mxnet": "mxnet"}
-BENCHMARKS = ("classification_loaders", "detection_loaders", "video_decode", "multi_gpu", "check_speed", "tf_vs_torch")
+BENCHMARKS = ("classification_loaders", "detection_loaders", "video_decode", "multi_gpu", "check_speed", "tf_vs_torch",
+              "external_source", "inference")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -48,6 +50,7 @@ def get_args_parser() -> argparse.ArgumentParser:
                    formatter_class=_Formatter)
     sub.add_parser("make-data", help="build the embedded sample datasets", add_help=False)
     sub.add_parser("check", help="check every sample of a dataset (report + exclusion list)", add_help=False)
+    sub.add_parser("predict", help="top classes of images with a trained PyTorch checkpoint", add_help=False)
 
     train = sub.add_parser("train", help="run a training script: crossdali train TASK [--framework F] [script flags]",
                            formatter_class=_Formatter,
@@ -146,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "check":
         sys.argv = ["crossdali check", *rest]
         return _run_script("crossdali.common.check.__main__", rest)
+    if command == "predict":
+        sys.argv = ["crossdali predict", *rest]
+        return _run_script("crossdali.pytorch.predict", rest)
     if command in ("train", "bench") and asks_help:
         parser.parse_args([command, "--help"])  # prints the command's help and exits 0
     if command == "train":

@@ -7,8 +7,8 @@ one import line.
 try:
     import mxnet  # noqa: F401
 except ImportError:  # pragma: no cover - depends on the environment
-    raise ImportError("crossdali.mxnet needs mxnet: pip install -r requirements/mxnet.txt "
-                      "(mxnet==1.9.1 with numpy==1.23.5, in an environment of its own)") from None
+    raise ImportError("crossdali.mxnet needs mxnet: in an environment of its own (mxnet 1.9.1 needs numpy 1.23.5), "
+                      "from the crossdali checkout run `pip install -r requirements/mxnet.txt -e .`") from None
 
 from crossdali.mxnet.loaders import BACKENDS, DALIClassificationIter, create_classification_loader
 

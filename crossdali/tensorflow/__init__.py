@@ -8,8 +8,9 @@ import line. The ``create_*_dataset`` functions return the plain ``tf.data.Datas
 try:
     import tensorflow  # noqa: F401
 except ImportError:  # pragma: no cover - depends on the environment
-    raise ImportError("crossdali.tensorflow needs TensorFlow: pip install crossdali[tensorflow], then "
-                      "pip install --no-build-isolation nvidia-dali-tf-plugin-cuda130==2.4.0") from None
+    raise ImportError("crossdali.tensorflow needs TensorFlow and DALI's TF plugin: from the crossdali checkout run "
+                      "`pip install -r requirements/tensorflow.txt -e . && pip install --no-build-isolation "
+                      "-r requirements/tensorflow-plugin.txt`") from None
 
 from crossdali.tensorflow.detection import DETECTION_BACKENDS, create_detection_dataset, create_detection_loader
 from crossdali.tensorflow.devices import enable_memory_growth
