@@ -35,6 +35,7 @@ from crossdali.pytorch.training import (
     StepTracker,
     StopRequest,
     TrainState,
+    agree_run_dir,
     build_on_rank0,
     choose_backend,
     create_optimizer,
@@ -137,6 +138,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
 
     run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="pytorch",
                              arch=args.arch)
+    run_dir = agree_run_dir(runtime, run_dir)
     checkpointer = Checkpointer(run_dir, runtime=runtime, metric="val_top1", meta={
         "task": "classification", "framework": "pytorch", "arch": args.arch, "num_classes": num_classes,
         "class_names": class_names, "config": plain_config(args)})

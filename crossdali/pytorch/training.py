@@ -43,9 +43,9 @@ from crossdali.common.train_args import resolve_backend
 from crossdali.pytorch.distributed import Runtime, init_distributed
 
 __all__ = ["ENGINES", "CHECKPOINT_LAST", "CHECKPOINT_BEST", "training_session", "choose_backend", "seed_everything",
-           "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision", "accuracy_counts",
-           "evaluate_classifier", "SyntheticBatches", "gather_objects", "StopRequest", "TrainState", "Checkpointer",
-           "load_checkpoint", "StepTracker"]
+           "agree_run_dir", "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision",
+           "accuracy_counts", "evaluate_classifier", "SyntheticBatches", "gather_objects", "StopRequest", "TrainState",
+           "Checkpointer", "load_checkpoint", "StepTracker"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,6 +92,12 @@ def seed_everything(seed: int) -> None:
     torch.backends.cudnn.benchmark = False
     log.info("seed %d; torch uses %d CPU threads (OMP_NUM_THREADS; the same count gives the same results)",
              seed, torch.get_num_threads())
+
+
+def agree_run_dir(runtime: Runtime, run_dir: Path) -> Path:
+    """Rank 0's run folder on every rank (a default name holds the start time, which ranks may see
+    differently); only rank 0 writes there, but every rank names it when it stops."""
+    return Path(gather_objects(runtime, str(run_dir))[0])
 
 
 def build_on_rank0(runtime: Runtime, build: Callable[[], T]) -> T:
@@ -524,8 +530,10 @@ class StepTracker:
         """After training and evaluating an epoch: the epoch record, the log line with the run's ETA,
         ``checkpoint_last`` (and ``checkpoint_best`` if the metric improved), then stop if asked."""
         state = self.state
-        if not math.isfinite(stats["train_loss"]):
-            raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {state.epoch + 1}: lower --lr")
+        if not math.isfinite(stats["train_loss"]):  # diverged: the flags' doing, not a bug (one line, exit 2)
+            lr = state.optimizer.param_groups[0].get("initial_lr", state.optimizer.param_groups[0]["lr"])
+            raise UsageError(f"training loss is {stats['train_loss']} at epoch {state.epoch + 1} (peak learning rate "
+                             f"{lr:.4g}): lower --lr or lengthen --lr-warmup-epochs")
         best = self.checkpointer.improved(state, stats)
         epoch = state.epoch
         self.metrics.write(event="epoch", epoch=epoch + 1, lr=state.optimizer.param_groups[0]["lr"], **stats)

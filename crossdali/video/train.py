@@ -42,6 +42,7 @@ from crossdali.pytorch.training import (
     StopRequest,
     SyntheticBatches,
     TrainState,
+    agree_run_dir,
     build_on_rank0,
     choose_backend,
     create_optimizer,
@@ -148,6 +149,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     amp = MixedPrecision(enabled=args.amp, runtime=runtime)
 
     run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="video", framework="pytorch", arch=args.arch)
+    run_dir = agree_run_dir(runtime, run_dir)
     checkpointer = Checkpointer(run_dir, runtime=runtime, metric="val_top1", meta={
         "task": "video", "framework": "pytorch", "arch": args.arch, "num_classes": num_classes,
         "class_names": class_names, "config": plain_config(args)})

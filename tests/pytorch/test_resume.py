@@ -134,3 +134,26 @@ def test_torchrun_ranks_agree_to_stop_and_resume_bit_exact(tmp_path, indexed_dat
         assert [s["labels"] for s in steps] == [s["labels"] for s in ref_steps], f"rank {r}"
         assert [s["loss"] for s in steps] == [s["loss"] for s in ref_steps], f"rank {r}"
     assert _epoch_metrics(out) == _epoch_metrics(tmp_path / "ref")
+
+
+@pytest.mark.gpu
+def test_sigterm_resume_on_gpu_with_amp(tmp_path, indexed_data):
+    """The same on a CUDA GPU (DALI GPU pipeline, float16 autocast + GradScaler): the resumed run
+    sees the same samples in the same order; the losses agree to cuDNN's run-to-run rounding."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (DALI mixed decoder, float16 autocast)")
+    gpu = ("--data-backend", "dali-gpu", "--amp", "--channels-last")
+    ref = _probe(tmp_path / "ref.jsonl", tmp_path / "ref", indexed_data, *gpu)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out = tmp_path / "run"
+    killed = _probe(tmp_path / "killed.jsonl", out, indexed_data, *gpu, kill_at=11)
+    assert killed.returncode == 128 + 15, killed.stderr[-3000:]
+    resumed = _probe(tmp_path / "resumed.jsonl", out, indexed_data, *gpu, "--resume", str(out / "checkpoint_last.pth"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = _steps(tmp_path / "killed.jsonl") + _steps(tmp_path / "resumed.jsonl")
+    ref_steps = _steps(tmp_path / "ref.jsonl")
+    assert [s["labels"] for s in steps] == [s["labels"] for s in ref_steps]
+    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in ref_steps], rel=1e-2)
+    ckpt = torch.load(out / "checkpoint_last.pth", weights_only=True)
+    assert ckpt["scaler"]["scale"] > 1  # float16: the loss was scaled

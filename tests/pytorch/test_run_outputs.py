@@ -133,3 +133,19 @@ def test_metrics_writer_keeps_records_when_killed(tmp_path):
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 1.0
     m.close()
     assert MetricsWriter(tmp_path, enabled=False).path is None
+
+
+def test_a_new_run_in_a_used_folder_keeps_the_old_metrics_apart(tmp_path):
+    from crossdali.common.runs import open_metrics
+
+    _write_resumed_run(tmp_path)
+    old = (tmp_path / "metrics.jsonl").read_text()
+    m = open_metrics(tmp_path, continuing=False)
+    m.write(event="start", arch="b")
+    m.close()
+    moved, = tmp_path.glob("metrics.*-*.jsonl")
+    assert moved.read_text() == old and [r["arch"] for r in read_metrics(tmp_path)] == ["b"]
+    m = open_metrics(tmp_path, continuing=True)  # a resumed run appends
+    m.write(event="start", arch="c")
+    m.close()
+    assert [r["arch"] for r in read_metrics(tmp_path)] == ["b", "c"]

@@ -169,3 +169,16 @@ def test_accuracy_counts_and_evaluation_top_k_only_below_the_class_count():
                                 runtime=CPU, amp=MixedPrecision(enabled=False, runtime=CPU), num_classes=3)
     assert stats["val_top1"] == 100.0 and stats["val_samples"] == 3
     assert "val_top5" not in stats  # top-5 of 3 classes would always be 100 %
+
+
+def test_a_diverged_run_stops_with_one_line_naming_the_learning_rate(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
+    scheduler = create_scheduler(optimizer, epochs=1, steps_per_epoch=2, warmup_epochs=0)
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
+                       amp=MixedPrecision(enabled=False, runtime=CPU), loader=[])
+    tracker = StepTracker(state, runtime=CPU, checkpointer=Checkpointer(tmp_path, runtime=CPU, meta={}, metric=None),
+                          metrics=MetricsWriter(None), stop=StopRequest(), epochs=1)
+    with pytest.raises(UsageError, match=r"training loss is nan at epoch 1 \(peak learning rate 5\): lower --lr"):
+        tracker.end_epoch({"train_loss": float("nan"), "train_seconds": 1.0})
+    assert not (tmp_path / "checkpoint_last.pth").exists()  # a diverged state is not saved over the last good one
