@@ -105,7 +105,7 @@ def format_summary(summary: dict, *, run_dir: Path, files: list[str], unit: str 
     if summary["mean_samples_s"] is not None:
         wait = summary["data_wait_pct"]
         lines.append(f"  mean {summary['mean_samples_s']:,.1f} {unit}/s" +
-                     (f", {wait:.0f} % of step time waiting for data" if wait is not None else ""))
+                     (f", {wait:.{0 if wait >= 10 else 1}f} % of step time waiting for data" if wait is not None else ""))
     lines.append(f"  outputs in {run_dir}: {', '.join(files)}")
     return "\n".join(lines)
 
