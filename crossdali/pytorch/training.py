@@ -26,6 +26,7 @@ import math
 import os
 import pickle
 import re
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -389,8 +390,10 @@ class Checkpointer:
             }
             self.run_dir.mkdir(parents=True, exist_ok=True)
             _atomic_save(payload, self.last)
-            if best:
-                _atomic_save(payload, self.best)
+            if best:  # the same bytes: copy rather than serialise the state twice
+                tmp = self.best.with_name(f".{self.best.name}.tmp-{os.getpid()}")
+                shutil.copyfile(self.last, tmp)
+                os.replace(tmp, self.best)
             log.debug("saved %s (epoch %d, step %d)", self.last, state.epoch + 1, state.step)
         self.runtime.barrier()  # no rank exits (e.g. on a stop) while rank 0 is still writing
         return self.last
