@@ -1,20 +1,38 @@
-"""Run logs shared by every train script: a JSON-lines file for machines, one line per epoch
-for people. Only rank 0 writes."""
+"""Run logs shared by every train script: a JSON-lines file for machines, one line per epoch for
+people. Only rank 0 writes.
+
+Records (``event``): ``start`` (configuration; ``resumed_from`` when resumed), ``step`` (one per
+optimizer step: loss, lr, samples, step and data-wait seconds), ``epoch`` (train and val metrics),
+``test`` (``--test-only``), ``summary`` (end of training). A resumed run appends to the same file, so
+a step or epoch may appear twice (the part after the last checkpoint of a killed run was redone):
+``latest_records`` keeps the last of each.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import IO
 
-__all__ = ["MetricsWriter", "format_epoch_line", "read_metrics"]
+__all__ = ["MetricsWriter", "format_epoch_line", "latest_records", "read_metrics", "topk_for"]
+
+
+def topk_for(num_classes: int, ks: tuple[int, ...] = (1, 5)) -> tuple[int, ...]:
+    """The top-k accuracies worth reporting: only k < classes (top-5 of 3 classes is always 100 %,
+    top-4 of 4 too), and always top-1."""
+    return tuple(k for k in ks if k == 1 or k < num_classes)
 
 
 class MetricsWriter:
-    """Appends one JSON object per record to ``<output_dir>/metrics.jsonl`` (rank 0 only)."""
+    """Appends one JSON object per record to ``<output_dir>/metrics.jsonl`` (rank 0 only).
+
+    The file stays open and is flushed after every record, so a killed job keeps what it logged.
+    """
 
     def __init__(self, output_dir: Path | None, *, enabled: bool = True) -> None:
         self.path = Path(output_dir) / "metrics.jsonl" if output_dir is not None and enabled else None
+        self._file: IO[str] | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -22,8 +40,15 @@ class MetricsWriter:
         if self.path is None:
             return
         record.setdefault("time", time.time())
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open between records
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def read_metrics(output_dir: Path | str) -> list[dict]:
@@ -32,15 +57,33 @@ def read_metrics(output_dir: Path | str) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def format_epoch_line(epoch: int, epochs: int, stats: dict[str, float]) -> str:
-    """``epoch 2/3  train loss 1.234  val top1 56.2 top5 90.1  1,234 img/s  data 12% ...``"""
+def latest_records(records: list[dict], event: str) -> list[dict]:
+    """The ``event`` records with the last one kept where a resumed run redid an epoch or step,
+    ordered by (epoch, step)."""
+    keyed: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("event") == event:
+            keyed[(r.get("epoch", 0), r.get("step", 0))] = r
+    return [keyed[k] for k in sorted(keyed)]
+
+
+def format_epoch_line(epoch: int, epochs: int, stats: dict[str, float], *, unit: str = "img") -> str:
+    """``epoch 2/3  train loss 1.234  val loss 0.9 top1 56.2 top5 90.1  1,234 img/s  data wait 12%``"""
     parts = [f"epoch {epoch + 1}/{epochs}"]
     if "train_loss" in stats:
         parts.append(f"train loss {stats['train_loss']:.4f}")
     if "val_top1" in stats:
-        parts.append(f"val loss {stats['val_loss']:.4f} top1 {stats['val_top1']:.2f} top5 {stats['val_top5']:.2f}")
+        val = f"val loss {stats['val_loss']:.4f} top1 {stats['val_top1']:.2f}"
+        if "val_top5" in stats:
+            val += f" top5 {stats['val_top5']:.2f}"
+        parts.append(val)
+    if "val_map" in stats:
+        parts.append(f"val mAP {stats['val_map']:.4f} mAP@0.5 {stats['val_map50']:.4f}")
     if "train_img_s" in stats:
-        parts.append(f"{stats['train_img_s']:,.0f} img/s")
+        parts.append(f"{stats['train_img_s']:,.1f} {unit}/s")
     if "data_wait_s" in stats:
-        parts.append(f"data wait {stats['data_wait_s']:.2f} s")
+        wait = f"data wait {stats['data_wait_s']:.2f} s"
+        if stats.get("train_seconds"):
+            wait += f" ({100 * stats['data_wait_s'] / stats['train_seconds']:.0f} %)"
+        parts.append(wait)
     return "  ".join(parts)

@@ -4,9 +4,12 @@
     torchrun --nproc_per_node 8 -m crossdali.detection_ssd.train --data /coco -b 64 --epochs 65
     horovodrun -np 8 python -m crossdali.detection_ssd.train --data /coco
 
-Shaped like torchvision's reference scripts. Without ``--data`` it builds the embedded detection
-sample set. The backbone starts from random weights: no pretrained weights can be downloaded on
-these machines (pass ``--weights-backbone`` with a local torchvision state dict where you can).
+Shaped like torchvision's reference scripts; the pieces shared with the classification and video
+scripts live in ``crossdali.pytorch.training`` (same flags, checkpoints, mid-epoch resume, run
+folder: ``runs/detection-pytorch-<arch>-<time>`` by default). Without ``--data`` it builds the
+embedded detection sample set. The backbone starts from random weights: no pretrained weights can
+be downloaded on these machines (pass ``--weights-backbone`` with a local torchvision state dict
+where you can). ``--data-backend synthetic`` trains on one random batch (no COCO evaluation).
 """
 
 from __future__ import annotations
@@ -18,222 +21,213 @@ import time
 from pathlib import Path
 
 import torch
+import torchvision
 
+from crossdali.common.anchors import ssd300_default_boxes
 from crossdali.common.detection import resolve_detection_source
-from crossdali.common.metrics import MetricsWriter
+from crossdali.common.epochs import batches_per_epoch, choose_last_batch_policy
+from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
 from crossdali.common.sample_data import SIZES
 from crossdali.common.sample_data.detection import ensure_detection
+from crossdali.common.script import UsageError, run
+from crossdali.common.train_args import add_data_args, add_model_args, add_optimizer_args, add_run_args, create_parser
 from crossdali.detection_ssd.coco_eval import coco_map, to_coco_results
 from crossdali.detection_ssd.model import SSD300, BoxCoder, MultiBoxLoss, postprocess
 from crossdali.pytorch.detection import DETECTION_BACKENDS, create_detection_loader
-from crossdali.pytorch.distributed import Runtime, init_distributed
+from crossdali.pytorch.distributed import Runtime
+from crossdali.pytorch.training import (
+    ENGINES,
+    Checkpointer,
+    MixedPrecision,
+    StepTracker,
+    StopRequest,
+    SyntheticBatches,
+    TrainState,
+    agree_run_dir,
+    build_on_rank0,
+    choose_backend,
+    create_optimizer,
+    create_scheduler,
+    gather_objects,
+    load_checkpoint,
+    scaled_lr,
+    seed_everything,
+    training_session,
+)
 
 log = logging.getLogger("crossdali.detection")
 
+BACKENDS = (*DETECTION_BACKENDS, "synthetic")
+#: torchvision ResNets the SSD300 backbone accepts (up to layer3, stride 1 in layer3).
+ARCHS = tuple(m for m in torchvision.models.list_models(module=torchvision.models)
+              if m.startswith(("resnet", "resnext", "wide_resnet")))
+
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="crossdali SSD300 training", add_help=add_help)
-    parser.add_argument("--data", type=Path, default=None,
-                        help="COCO-format folder (annotations/instances_{train,val}.json, train/, val/); "
-                             "default: the embedded sample set (built if missing)")
-    parser.add_argument("--sample-size", default="small", choices=sorted(SIZES), help="sample set size without --data")
-    parser.add_argument("--data-backend", default="auto", choices=["auto", *DETECTION_BACKENDS])
-    parser.add_argument("--arch", default="resnet50", help="torchvision ResNet for the backbone (resnet18/34/50/101)")
+    parser = create_parser("crossdali SSD300 training", add_help=add_help)
+    add_data_args(parser, backends=BACKENDS, sample_sizes=tuple(SIZES), crop_size=None,
+                  data_help="COCO-format folder (annotations/instances_{train,val}.json, train/, val/)",
+                  workers_help="DALI threads or DataLoader workers per process")
+    add_model_args(parser, arch="resnet50", arches=ARCHS, arch_help="torchvision ResNet for the backbone")
     parser.add_argument("--weights-backbone", type=Path, default=None, help="local torchvision state dict for the backbone")
-    parser.add_argument("-b", "--batch-size", type=int, default=32, help="images per process per step")
-    parser.add_argument("--epochs", type=int, default=65)
-    parser.add_argument("--lr", type=float, default=2.6e-3, help="learning rate for a global batch of 32 (scaled linearly)")
-    parser.add_argument("--lr-warmup-epochs", type=float, default=1.0, help="linear warm-up, then cosine decay")
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=5e-4)
-    parser.add_argument("-j", "--workers", type=int, default=4, help="DALI threads or DataLoader workers per process")
-    parser.add_argument("--hw-decoder-load", type=float, default=1.0, help="share of JPEGs for the hardware decoder")
-    parser.add_argument("--amp", action="store_true", help="mixed precision (float16 on GPU, bfloat16 on CPU)")
-    parser.add_argument("--engine", default="auto", choices=["auto", "ddp", "horovod", "none"])
+    add_optimizer_args(parser, batch_size=32, epochs=65, lr=2.6e-3, lr_batch=32, lr_warmup_epochs=1.0,
+                       weight_decay=5e-4, label_smoothing=False, batch_help="images per process per step")
     parser.add_argument("--eval-every", type=int, default=1, help="epochs between COCO evaluations")
-    parser.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
-    parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and metrics.jsonl go here")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--print-freq", type=int, default=10, help="steps between progress lines")
-    parser.add_argument("--test-only", action="store_true", help="only evaluate (with --resume)")
+    add_run_args(parser, engines=ENGINES, amp=True, channels_last=False, checkpoint_every=True, run_dir=True,
+                 debug=True, engine_help="gradient averaging; auto: horovod under horovodrun, DDP under torchrun/Slurm",
+                 resume_help="checkpoint_last.pth (or checkpoint_best.pth) to continue from, or to evaluate with --test-only")
     return parser
 
 
-def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, epoch: int, runtime: Runtime, scaler,
-                    amp_dtype, print_freq: int) -> dict[str, float]:
+def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, amp: MixedPrecision, tracker: StepTracker,
+                    runtime: Runtime) -> dict[str, float]:
     model.train()
     device = runtime.device
-    loss_sum, seen, data_wait = 0.0, 0, 0.0
-    start = last = batch_end = time.perf_counter()
-    for step, (images, offsets, labels) in enumerate(loader):
-        data_wait += time.perf_counter() - batch_end
+    for images, offsets, labels in tracker.steps(loader):
         images, offsets, labels = (x.to(device, non_blocking=True) for x in (images, offsets, labels))
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        with amp.autocast():
             locs, scores = model(images)
-        loss = criterion(locs, scores, offsets, labels)
-        optimizer.zero_grad()  # set_to_none by default; Horovod's DistributedOptimizer takes no arguments
-        scaler.scale(loss).backward()
-        if runtime.engine == "horovod" and scaler.is_enabled():
-            optimizer.synchronize()  # finish Horovod's allreduce before the scaler reads the gradients
-            scaler.unscale_(optimizer)
-            with optimizer.skip_synchronize():
-                scaler.step(optimizer)
-        else:
-            scaler.step(optimizer)
-        scaler.update()
+        loss = criterion(locs, scores, offsets, labels)  # in float32: the loss casts its inputs
+        amp.backward_step(loss, optimizer)
         scheduler.step()
-        n = images.shape[0]
-        loss_sum, seen = loss_sum + float(loss.detach()) * n, seen + n
-        if print_freq and (step + 1) % print_freq == 0:
-            now = time.perf_counter()
-            log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
-                     len(loader), loss.item(), scheduler.get_last_lr()[0],
-                     print_freq * n * runtime.dist.world_size / (now - last), data_wait)
-            last = now
-        batch_end = time.perf_counter()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    loss_total, seen_total = runtime.all_reduce_sum([loss_sum, seen])
-    return {"train_loss": loss_total / max(seen_total, 1), "train_img_s": seen_total / elapsed,
-            "data_wait_s": data_wait, "train_samples": int(seen_total)}
-
-
-def _gather(runtime: Runtime, obj: list) -> list:
-    """Every rank's list, concatenated (detections for COCO evaluation)."""
-    if runtime.engine == "ddp":
-        parts = [None] * runtime.dist.world_size
-        torch.distributed.all_gather_object(parts, obj)
-        return [x for p in parts for x in p]
-    if runtime.engine == "horovod":
-        import horovod.torch as hvd
-
-        # evaluate() runs in inference mode; Horovod's background thread writes into the tensors
-        # it creates, which inference mode forbids ("Inplace update to inference tensor")
-        with torch.inference_mode(False):
-            return [x for p in hvd.allgather_object(obj) for x in p]
-    return obj
+        tracker.step_done(loss, images.shape[0])
+    return tracker.epoch_stats()
 
 
 @torch.inference_mode()
-def evaluate(model, loader, *, runtime: Runtime, coder: BoxCoder, amp_dtype) -> dict[str, float]:
+def evaluate(model, loader, *, runtime: Runtime, coder: BoxCoder, amp: MixedPrecision) -> dict[str, float]:
     """COCO box mAP over the whole val split: each rank detects on its shard, all ranks score the union."""
     model.eval()
     records, image_ids = [], []
     start = time.perf_counter()
     for images, _, _, ids in loader:
-        with torch.autocast(runtime.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        with amp.autocast():
             locs, scores = model(images.to(runtime.device, non_blocking=True))
         detections = [tuple(x.cpu() for x in d) for d in postprocess(locs.float(), scores.float(), coder)]
         records += to_coco_results(loader.source, ids.tolist(), detections)
         image_ids += ids.tolist()
-    records, image_ids = _gather(runtime, records), _gather(runtime, image_ids)
+    records = [x for part in gather_objects(runtime, records) for x in part]
+    image_ids = [x for part in gather_objects(runtime, image_ids) for x in part]
     stats = coco_map(loader.source, records, image_ids)
     return {f"val_{k}": v for k, v in stats.items()} | {"val_images": len(image_ids),
                                                          "eval_seconds": time.perf_counter() - start}
 
 
+def _synthetic_loader(source, args, runtime: Runtime) -> SyntheticBatches:
+    """One random SSD300 batch (image, encoded boxes with about 1 % positive anchors), as many
+    batches per epoch as the real train split would give."""
+    g = torch.Generator().manual_seed(args.seed)
+    anchors = len(ssd300_default_boxes())
+    n = args.batch_size
+    labels = torch.randint(1, source.num_classes + 1, (n, anchors), generator=g)
+    labels[torch.rand((n, anchors), generator=g) > 0.01] = 0
+    batch = (torch.randn((n, 3, 300, 300), generator=g), 0.5 * torch.randn((n, anchors, 4), generator=g), labels)
+    policy = choose_last_batch_policy(train=True, num_shards=runtime.dist.world_size)
+    steps = batches_per_epoch(source.num_samples, batch_size=n, num_shards=runtime.dist.world_size, policy=policy)
+    return SyntheticBatches(tuple(t.to(runtime.device) for t in batch), num_batches=steps, num_classes=source.num_classes)
+
+
 def load_data(args, runtime: Runtime, backend: str):
+    """Train and val loaders (val is None for synthetic data), the number of classes and their names."""
     data = args.data
     if data is None:
-        if runtime.dist.is_main:
-            ensure_detection(size=args.sample_size)
-        runtime.barrier()  # other ranks wait for rank 0 to build the sample set
-        data = ensure_detection(size=args.sample_size)
-    common = dict(backend=backend, batch_size=args.batch_size, workers=args.workers, seed=args.seed,
-                  dist=runtime.dist, device_id=runtime.dist.local_rank, hw_decoder_load=args.hw_decoder_load)
+        data = build_on_rank0(runtime, lambda: ensure_detection(size=args.sample_size))
     train_src = resolve_detection_source(data, "train")
     val_src = resolve_detection_source(data, "val")
     if train_src.categories != val_src.categories:
-        raise ValueError(f"{train_src.annotations_file} and {val_src.annotations_file} list different categories; "
+        raise UsageError(f"{train_src.annotations_file} and {val_src.annotations_file} list different categories; "
                          "training labels would not match")
-    return (create_detection_loader(train_src, train=True, **common),
-            create_detection_loader(val_src, train=False, **common), train_src.num_classes)
-
-
-def _choose_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    backend = "dali-gpu" if torch.cuda.is_available() else "dali-cpu"
-    log.info("data backend: %s", backend + ("" if torch.cuda.is_available() else " (no CUDA GPU visible)"))
-    return backend
+    names = [name for _, name in train_src.categories]
+    if backend == "synthetic":
+        return _synthetic_loader(train_src, args, runtime), None, train_src.num_classes, names
+    common = dict(backend=backend, batch_size=args.batch_size, workers=args.workers, seed=args.seed,
+                  dist=runtime.dist, device_id=runtime.dist.local_rank, hw_decoder_load=args.hw_decoder_load)
+    return (create_detection_loader(train_src, train=True, checkpointing=True, **common),
+            create_detection_loader(val_src, train=False, **common), train_src.num_classes, names)
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
-    runtime = init_distributed(engine=args.engine)
-    logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
-                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    torch.manual_seed(args.seed)
-    backend = _choose_backend(args.data_backend)
+    with training_session(engine=args.engine, debug=args.debug) as (runtime, stop):
+        return _train(args, runtime, stop)
+
+
+def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dict[str, float]:
+    seed_everything(args.seed)
+    if args.eval_every < 1:
+        raise UsageError(f"--eval-every must be 1 or more, got {args.eval_every}")
+    ckpt = load_checkpoint(args.resume) if args.resume is not None else None
+    backend = choose_backend(args.data_backend)
     log.info("rank %d/%d (launcher %s, engine %s), device %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.device)
-    train_loader, val_loader, num_classes = load_data(args, runtime, backend)
+    train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
+    if val_loader is None:
+        log.info("synthetic data: no COCO evaluation (mAP needs the real annotations)")
     model = SSD300(num_classes, arch=args.arch)
     if args.weights_backbone is not None:
-        state = torch.load(args.weights_backbone, map_location="cpu", weights_only=True)
-        missing = model.backbone.features.load_state_dict(
-            {k: v for k, v in _backbone_keys(state).items()}, strict=False)
+        state_dict = load_checkpoint_weights(args.weights_backbone)
+        missing = model.backbone.features.load_state_dict(_backbone_keys(state_dict), strict=False)
         log.info("backbone weights from %s (%d keys not in the file)", args.weights_backbone, len(missing.missing_keys))
     else:
         log.info("backbone %s from random weights (no pretrained weights: none can be downloaded here)", args.arch)
     model.to(runtime.device)
     coder = BoxCoder()
-    global_batch = args.batch_size * runtime.dist.world_size
-    lr = args.lr * global_batch / 32
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
-    steps = max(1, len(train_loader))
-    total = args.epochs * steps
-    warmup = min(int(args.lr_warmup_epochs * steps), total - 1)
-    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total - warmup))
-    scheduler = torch.optim.lr_scheduler.SequentialLR(
-        optimizer, [torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.01, total_iters=warmup), cosine],
-        milestones=[warmup]) if warmup > 0 else cosine
+    lr = scaled_lr(args.lr, batch_size=args.batch_size, world_size=runtime.dist.world_size, reference_batch=32)
+    optimizer = create_optimizer(args.opt, model.parameters(), lr=lr, momentum=args.momentum,
+                                 weight_decay=args.weight_decay)
+    scheduler = create_scheduler(optimizer, epochs=args.epochs, steps_per_epoch=len(train_loader),
+                                 warmup_epochs=args.lr_warmup_epochs, start_factor=0.01)
     criterion = MultiBoxLoss()
-    amp_dtype = (torch.float16 if runtime.device.type == "cuda" else torch.bfloat16) if args.amp else None
-    scaler = torch.amp.GradScaler(runtime.device.type, enabled=args.amp and runtime.device.type == "cuda")
+    amp = MixedPrecision(enabled=args.amp, runtime=runtime)
 
-    start_epoch = 0
-    if args.resume is not None:
-        if not args.resume.is_file():
-            raise FileNotFoundError(f"--resume {args.resume} does not exist")
-        ckpt = torch.load(args.resume, map_location=runtime.device, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        start_epoch = ckpt["epoch"] + 1
-        log.info("resumed from %s at epoch %d", args.resume, start_epoch + 1)
-
+    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="detection", framework="pytorch", arch=args.arch)
+    run_dir = agree_run_dir(runtime, run_dir)
+    checkpointer = Checkpointer(run_dir, runtime=runtime, metric="val_map", meta={
+        "task": "detection", "framework": "pytorch", "arch": args.arch, "num_classes": num_classes,
+        "class_names": class_names, "config": plain_config(args)})
     ddp_model = runtime.wrap_model(model)
     optimizer = runtime.wrap_optimizer(optimizer, model)
-    metrics = MetricsWriter(args.output_dir, enabled=runtime.dist.is_main)
-    metrics.write(event="start", arch=args.arch, backend=backend, world_size=runtime.dist.world_size,
-                  engine=runtime.engine, batch_size=args.batch_size, lr=lr, epochs=args.epochs)
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, amp=amp, loader=train_loader)
+    checkpointer.resume(ckpt, state, path=args.resume, test_only=args.test_only)
+    metrics = open_metrics(run_dir, continuing=ckpt is not None, enabled=runtime.dist.is_main)
+    log.info("outputs: %s", run_dir)
+    metrics.write(event="start", task="detection", framework="pytorch", arch=args.arch, backend=backend,
+                  world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=lr,
+                  epochs=args.epochs, num_classes=num_classes, resumed_from=str(args.resume) if ckpt else None,
+                  epoch=state.epoch, step=state.step, torch_threads=torch.get_num_threads())
     if args.test_only:
-        stats = evaluate(ddp_model, val_loader, runtime=runtime, coder=coder, amp_dtype=amp_dtype)
+        if val_loader is None:
+            raise UsageError("--test-only needs real data (COCO mAP): drop --data-backend synthetic")
+        stats = evaluate(ddp_model, val_loader, runtime=runtime, coder=coder, amp=amp)
         log.info("test: mAP %.4f  mAP@0.5 %.4f over %d images", stats["val_map"], stats["val_map50"], stats["val_images"])
         metrics.write(event="test", **stats)
-        runtime.shutdown()
         return stats
 
+    tracker = StepTracker(state, runtime=runtime, checkpointer=checkpointer, metrics=metrics, stop=stop,
+                          epochs=args.epochs, checkpoint_every=args.checkpoint_every, print_freq=args.print_freq)
     stats: dict[str, float] = {}
-    for epoch in range(start_epoch, args.epochs):
-        stats = train_one_epoch(ddp_model, criterion, optimizer, scheduler, train_loader, epoch=epoch,
-                                runtime=runtime, scaler=scaler, amp_dtype=amp_dtype, print_freq=args.print_freq)
-        if not math.isfinite(stats["train_loss"]):
-            raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
-        line = f"epoch {epoch + 1}/{args.epochs}  train loss {stats['train_loss']:.4f}  {stats['train_img_s']:,.1f} img/s"
-        if (epoch + 1) % args.eval_every == 0 or epoch + 1 == args.epochs:
-            stats |= evaluate(ddp_model, val_loader, runtime=runtime, coder=coder, amp_dtype=amp_dtype)
-            line += f"  val mAP {stats['val_map']:.4f}  mAP@0.5 {stats['val_map50']:.4f}"
-        log.info(line)
-        metrics.write(event="epoch", epoch=epoch + 1, lr=scheduler.get_last_lr()[0], **stats)
-        if args.output_dir is not None and runtime.dist.is_main:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
-                        "num_classes": num_classes, "args": vars(args)}, args.output_dir / "checkpoint.pth")
-    runtime.shutdown()
+    while state.epoch < args.epochs:
+        stats = train_one_epoch(ddp_model, criterion, optimizer, scheduler, train_loader, amp=amp, tracker=tracker,
+                                runtime=runtime)
+        epoch = state.epoch + 1
+        if val_loader is not None and math.isfinite(stats["train_loss"]) and (
+                epoch % args.eval_every == 0 or epoch == args.epochs):
+            stats |= evaluate(ddp_model, val_loader, runtime=runtime, coder=coder, amp=amp)
+        tracker.end_epoch(stats)
+    if runtime.dist.is_main:
+        finish_run(run_dir, metrics=metrics, metric="val_map")
+    metrics.close()
     return stats
+
+
+def load_checkpoint_weights(path: Path) -> dict:
+    """A torchvision state dict from a local file (``weights_only``: tensors only)."""
+    if not path.is_file():
+        raise UsageError(f"--weights-backbone {path} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise UsageError(f"--weights-backbone {path} is not a tensors-only PyTorch state dict ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:200]})") from None
 
 
 def _backbone_keys(state: dict) -> dict:
@@ -248,4 +242,4 @@ def _backbone_keys(state: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main(get_args_parser().parse_args())
+    run(main, get_args_parser())

@@ -4,166 +4,187 @@
     python -m crossdali.video.train --arch r2plus1d_18 --data /kinetics --clip-len 16 --crop-size 112
     torchrun --nproc_per_node 8 -m crossdali.video.train --data /kinetics
 
-Shaped like torchvision's references/video_classification/train.py. Without ``--data`` it builds
-the embedded sample set (a photo patch moving up / down / growing / shrinking over a texture:
-chance is 25 %, and one frame cannot tell the classes apart) and trains on it.
-``--data-backend auto`` picks ``dali-gpu`` (NVDEC) when a GPU is visible, ``dali-cpu`` otherwise.
+Shaped like torchvision's references/video_classification/train.py; the pieces shared with the
+classification and SSD scripts live in ``crossdali.pytorch.training`` (same flags, mixed precision
+with loss scaling, checkpoints, mid-epoch resume, run folder ``runs/video-pytorch-<arch>-<time>``
+by default). Without ``--data`` it builds the embedded sample set (a photo patch moving up / down /
+growing / shrinking over a texture: chance is 25 %, and one frame cannot tell the classes apart)
+and trains on it. ``--data-backend auto`` picks ``dali-gpu`` (NVDEC) when a GPU is visible,
+``dali-cpu`` otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
-import time
-from pathlib import Path
 
 import torch
 
-from crossdali.common.metrics import MetricsWriter, format_epoch_line
+from crossdali.common.epochs import batches_per_epoch, choose_last_batch_policy
+from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
 from crossdali.common.sample_data.video import VIDEO_SIZES, ensure_video
+from crossdali.common.script import run
+from crossdali.common.train_args import (
+    add_data_args,
+    add_model_args,
+    add_optimizer_args,
+    add_run_args,
+    create_parser,
+    positive_int,
+)
 from crossdali.common.video import resolve_video_source
-from crossdali.pytorch.distributed import Runtime, init_distributed
-from crossdali.pytorch.train_classification import accuracy_counts
+from crossdali.pytorch.distributed import Runtime
+from crossdali.pytorch.training import (
+    ENGINES,
+    Checkpointer,
+    MixedPrecision,
+    StepTracker,
+    StopRequest,
+    SyntheticBatches,
+    TrainState,
+    agree_run_dir,
+    build_on_rank0,
+    choose_backend,
+    create_optimizer,
+    create_scheduler,
+    evaluate_classifier,
+    load_checkpoint,
+    seed_everything,
+    training_session,
+)
 from crossdali.pytorch.video import VIDEO_BACKENDS, create_video_loader
 from crossdali.video.models import ARCHS, create_video_model
 
 log = logging.getLogger("crossdali.video.train")
 
+BACKENDS = (*VIDEO_BACKENDS, "synthetic")
+
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="crossdali video classification training", add_help=add_help)
-    parser.add_argument("--data", type=Path, default=None,
-                        help="folder with train.txt/val.txt ('<path> <label>' lines) or train/<class>/<video>; "
-                             "default: the embedded sample clips (built if missing)")
-    parser.add_argument("--sample-size", default="small", choices=sorted(VIDEO_SIZES))
-    parser.add_argument("--data-backend", default="auto", choices=["auto", *VIDEO_BACKENDS])
-    parser.add_argument("--arch", default="small3d", choices=ARCHS)
-    parser.add_argument("--clip-len", type=int, default=8, help="frames per clip (sequence_length)")
-    parser.add_argument("--frame-stride", type=int, default=2, help="frames between consecutive clip frames")
-    parser.add_argument("--clip-step", type=int, default=None,
-                        help="frames between clip starts (default clip-len * frame-stride)")
-    parser.add_argument("--crop-size", type=int, default=56)
-    parser.add_argument("--hflip", type=float, default=0.5, help="mirror probability (0 if labels are left/right)")
-    parser.add_argument("-b", "--batch-size", type=int, default=16, help="clips per process per step")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
-    parser.add_argument("-j", "--workers", type=int, default=2, help="DALI threads per process")
-    parser.add_argument("--amp", action="store_true", help="mixed precision (float16 on GPU, bfloat16 on CPU)")
-    parser.add_argument("--engine", default="auto", choices=["auto", "ddp", "horovod", "none"])
-    parser.add_argument("--output-dir", type=Path, default=None, help="checkpoint.pth and metrics.jsonl go here")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--print-freq", type=int, default=20)
+    parser = create_parser("crossdali video classification training", add_help=add_help)
+    add_data_args(parser, backends=BACKENDS, sample_sizes=tuple(VIDEO_SIZES), workers=2, crop_size=56,
+                  hw_decoder_load=False, workers_help="DALI threads per process",
+                  data_help="folder with train.txt/val.txt ('<path> <label>' lines) or train/<class>/<video>")
+    clips = parser.add_argument_group("clips")
+    clips.add_argument("--clip-len", type=positive_int, default=8, help="frames per clip (sequence_length)")
+    clips.add_argument("--frame-stride", type=positive_int, default=2, help="frames between consecutive clip frames")
+    clips.add_argument("--clip-step", type=positive_int, default=None,
+                       help="frames between clip starts (default clip-len * frame-stride)")
+    clips.add_argument("--hflip", type=float, default=0.5, help="mirror probability (0 if labels are left/right)")
+    add_model_args(parser, arch="small3d", arches=ARCHS, arch_help="video model")
+    add_optimizer_args(parser, batch_size=16, epochs=8, lr=3e-3, lr_batch=None, lr_warmup_epochs=1.0, opt="adamw",
+                       batch_help="clips per process per step")
+    add_run_args(parser, engines=ENGINES, amp=True, checkpoint_every=True, run_dir=True, debug=True, print_freq=20,
+                 engine_help="gradient averaging; auto: horovod under horovodrun, DDP under torchrun/Slurm",
+                 resume_help="checkpoint_last.pth (or checkpoint_best.pth) to continue from, or to evaluate with --test-only")
     return parser
 
 
-def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, epoch: int, runtime: Runtime,
-                    amp_dtype, print_freq: int) -> dict[str, float]:
+def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, amp: MixedPrecision, tracker: StepTracker,
+                    runtime: Runtime) -> dict[str, float]:
     model.train()
     device = runtime.device
-    loss_sum, seen, data_wait = 0.0, 0, 0.0
-    start = batch_end = time.perf_counter()
-    for step, (clips, target) in enumerate(loader):
-        data_wait += time.perf_counter() - batch_end
+    for clips, target in tracker.steps(loader):
         clips, target = clips.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        with amp.autocast():
             loss = criterion(model(clips), target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        amp.backward_step(loss, optimizer)  # float16 on CUDA: scaled, so small gradients do not underflow
         scheduler.step()
-        loss_sum += float(loss.detach()) * clips.shape[0]
-        seen += clips.shape[0]
-        if print_freq and (step + 1) % print_freq == 0:
-            log.info("epoch %d step %d/%d  loss %.4f  lr %.3g", epoch + 1, step + 1, len(loader), float(loss),
-                     scheduler.get_last_lr()[0])
-        batch_end = time.perf_counter()
-    elapsed = time.perf_counter() - start
-    loss_total, seen_total = runtime.all_reduce_sum([loss_sum, seen])
-    return {"train_loss": loss_total / max(seen_total, 1), "train_img_s": seen_total / elapsed,
-            "data_wait_s": data_wait, "train_samples": seen_total, "train_seconds": elapsed}
+        tracker.step_done(loss, clips.shape[0])
+    return tracker.epoch_stats()
 
 
-@torch.inference_mode()
-def evaluate(model, criterion, loader, *, runtime: Runtime, amp_dtype) -> dict[str, float]:
-    """Loss and top-1 over every val clip, each once across all ranks."""
-    model.eval()
-    device = runtime.device
-    loss_sum, correct1, correct5, seen = 0.0, 0, 0, 0
-    for clips, target in loader:
-        clips, target = clips.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            output = model(clips)
-        loss_sum += float(criterion(output.float(), target)) * clips.shape[0]
-        c1, c5 = accuracy_counts(output, target)
-        correct1, correct5, seen = correct1 + c1, correct5 + c5, seen + clips.shape[0]
-    loss_sum, correct1, correct5, seen = runtime.all_reduce_sum([loss_sum, correct1, correct5, seen])
-    return {"val_loss": loss_sum / max(seen, 1), "val_top1": 100 * correct1 / max(seen, 1),
-            "val_top5": 100 * correct5 / max(seen, 1), "val_samples": int(seen)}
+def evaluate(model, criterion, loader, *, runtime: Runtime, amp: MixedPrecision, num_classes: int) -> dict[str, float]:
+    """Loss and top-1 (top-5 with more than 5 classes) over every val clip, each once across all ranks."""
+    return evaluate_classifier(model, criterion, loader, runtime=runtime, amp=amp, num_classes=num_classes)
+
+
+def _synthetic_loader(num_clips: int, num_classes: int, args, runtime: Runtime, *, train: bool) -> SyntheticBatches:
+    g = torch.Generator().manual_seed(args.seed)
+    n, size = args.batch_size, args.crop_size
+    batch = (torch.randn((n, 3, args.clip_len, size, size), generator=g),
+             torch.randint(0, num_classes, (n,), generator=g))
+    policy = choose_last_batch_policy(train=train, num_shards=runtime.dist.world_size)
+    steps = batches_per_epoch(num_clips, batch_size=n, num_shards=runtime.dist.world_size, policy=policy)
+    return SyntheticBatches(tuple(t.to(runtime.device) for t in batch), num_batches=steps, num_classes=num_classes)
 
 
 def load_data(args, runtime: Runtime, backend: str):
-    """Train and val clip loaders over the same dataset, sharded by the global rank."""
+    """Train and val clip loaders over the same dataset, sharded by the global rank, and the class names."""
     data = args.data
     if data is None:
-        if runtime.dist.is_main:
-            ensure_video(size=args.sample_size)
-        runtime.barrier()  # other ranks wait for rank 0 to build the sample set
-        data = ensure_video(size=args.sample_size)
+        data = build_on_rank0(runtime, lambda: ensure_video(size=args.sample_size))
     train_src, val_src = resolve_video_source(data, "train"), resolve_video_source(data, "val")
+    num_classes = max(train_src.num_classes, val_src.num_classes)
+    names = list(train_src.classes) if len(train_src.classes) == num_classes else [str(i) for i in range(num_classes)]
+    if backend == "synthetic":  # one random batch; as many batches as one clip per file would give
+        return (_synthetic_loader(train_src.num_samples, num_classes, args, runtime, train=True),
+                _synthetic_loader(val_src.num_samples, num_classes, args, runtime, train=False), num_classes, names)
     common = {"backend": backend, "batch_size": args.batch_size, "sequence_length": args.clip_len,
               "stride": args.frame_stride, "step": args.clip_step, "crop_size": args.crop_size,
               "workers": args.workers, "seed": args.seed, "dist": runtime.dist, "device_id": runtime.dist.local_rank}
-    train_loader = create_video_loader(train_src, train=True, hflip=args.hflip, **common)
+    train_loader = create_video_loader(train_src, train=True, hflip=args.hflip, checkpointing=True, **common)
     val_loader = create_video_loader(val_src, train=False, **common)
-    return train_loader, val_loader, max(train_src.num_classes, val_src.num_classes)
-
-
-def _choose_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    if torch.cuda.is_available():
-        log.info("data backend: dali-gpu (NVDEC on %s)", torch.cuda.get_device_name())
-        return "dali-gpu"
-    log.info("data backend: dali-cpu (no CUDA GPU visible: DALI decodes VP8/VP9 on the CPU)")
-    return "dali-cpu"
+    return train_loader, val_loader, num_classes, names
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
-    runtime = init_distributed(engine=args.engine)
-    logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
-                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    torch.manual_seed(args.seed)
-    backend = _choose_backend(args.data_backend)
-    train_loader, val_loader, num_classes = load_data(args, runtime, backend)
+    with training_session(engine=args.engine, debug=args.debug) as (runtime, stop):
+        return _train(args, runtime, stop)
+
+
+def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dict[str, float]:
+    seed_everything(args.seed)
+    ckpt = load_checkpoint(args.resume) if args.resume is not None else None
+    backend = choose_backend(args.data_backend, gpu_note="NVDEC", cpu_note="DALI decodes VP8/VP9 on the CPU")
+    log.info("rank %d/%d (launcher %s, engine %s), device %s", runtime.dist.rank, runtime.dist.world_size,
+             runtime.dist.launcher, runtime.engine, runtime.device)
+    train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
     model = create_video_model(args.arch, num_classes=num_classes).to(runtime.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    total = max(1, args.epochs * len(train_loader))
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total, pct_start=0.15)
-    criterion = torch.nn.CrossEntropyLoss()
-    amp_dtype = (torch.float16 if runtime.device.type == "cuda" else torch.bfloat16) if args.amp else None
+    optimizer = create_optimizer(args.opt, model.parameters(), lr=args.lr, momentum=args.momentum,
+                                 weight_decay=args.weight_decay)
+    scheduler = create_scheduler(optimizer, epochs=args.epochs, steps_per_epoch=len(train_loader),
+                                 warmup_epochs=args.lr_warmup_epochs, start_factor=0.04)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    amp = MixedPrecision(enabled=args.amp, runtime=runtime)
+
+    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="video", framework="pytorch", arch=args.arch)
+    run_dir = agree_run_dir(runtime, run_dir)
+    checkpointer = Checkpointer(run_dir, runtime=runtime, metric="val_top1", meta={
+        "task": "video", "framework": "pytorch", "arch": args.arch, "num_classes": num_classes,
+        "class_names": class_names, "config": plain_config(args)})
     ddp_model = runtime.wrap_model(model)
     optimizer = runtime.wrap_optimizer(optimizer, model)
-    metrics = MetricsWriter(args.output_dir, enabled=runtime.dist.is_main)
-    metrics.write(event="start", arch=args.arch, backend=backend, world_size=runtime.dist.world_size,
-                  batch_size=args.batch_size, clip_len=args.clip_len, frame_stride=args.frame_stride,
-                  num_classes=num_classes, epochs=args.epochs)
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, amp=amp, loader=train_loader)
+    checkpointer.resume(ckpt, state, path=args.resume, test_only=args.test_only)
+    metrics = open_metrics(run_dir, continuing=ckpt is not None, enabled=runtime.dist.is_main)
+    log.info("outputs: %s", run_dir)
+    metrics.write(event="start", task="video", framework="pytorch", arch=args.arch, backend=backend,
+                  world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size,
+                  clip_len=args.clip_len, frame_stride=args.frame_stride, num_classes=num_classes, epochs=args.epochs,
+                  resumed_from=str(args.resume) if ckpt else None, epoch=state.epoch, step=state.step,
+                  torch_threads=torch.get_num_threads())
+    if args.test_only:
+        stats = evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp=amp, num_classes=num_classes)
+        log.info("test: val loss %.4f top1 %.2f over %d clips", stats["val_loss"], stats["val_top1"],
+                 stats["val_samples"])
+        metrics.write(event="test", **stats)
+        return stats
+
+    tracker = StepTracker(state, runtime=runtime, checkpointer=checkpointer, metrics=metrics, stop=stop,
+                          epochs=args.epochs, checkpoint_every=args.checkpoint_every, print_freq=args.print_freq,
+                          unit="clips")
     stats: dict[str, float] = {}
-    for epoch in range(args.epochs):
-        stats = train_one_epoch(ddp_model, criterion, optimizer, scheduler, train_loader, epoch=epoch,
-                                runtime=runtime, amp_dtype=amp_dtype, print_freq=args.print_freq)
-        stats |= evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp_dtype=amp_dtype)
-        if not math.isfinite(stats["train_loss"]):
-            raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
-        log.info(format_epoch_line(epoch, args.epochs, stats).replace("img/s", "clips/s"))
-        metrics.write(event="epoch", epoch=epoch + 1, lr=scheduler.get_last_lr()[0], **stats)
-        if args.output_dir is not None and runtime.dist.is_main:
-            torch.save({"model": model.state_dict(), "epoch": epoch, "args": vars(args)},
-                       args.output_dir / "checkpoint.pth")
-    runtime.shutdown()
+    while state.epoch < args.epochs:
+        stats = train_one_epoch(ddp_model, criterion, optimizer, scheduler, train_loader, amp=amp, tracker=tracker,
+                                runtime=runtime)
+        stats |= evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp=amp, num_classes=num_classes)
+        tracker.end_epoch(stats)
+    if runtime.dist.is_main:
+        finish_run(run_dir, metrics=metrics, metric="val_top1", unit="clips")
+    metrics.close()
     return stats
 
 
 if __name__ == "__main__":
-    main(get_args_parser().parse_args())
+    run(main, get_args_parser())

@@ -71,24 +71,42 @@ def test_train_script_evaluates_and_resumes(tmp_path, mini_detection):
                           env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "val mAP" in proc.stderr and "img/s" in proc.stderr
-    start, *epochs = read_metrics(out)
+    records = read_metrics(out)
+    start = records[0]
+    epochs = [r for r in records if r["event"] == "epoch"]
     assert start["event"] == "start" and start["backend"] == "dali-cpu"
     assert [e["epoch"] for e in epochs] == [1]
     for e in epochs:
         assert e["train_samples"] == 16 and e["val_images"] == 8
         assert 0.0 <= e["val_map"] <= e["val_map50"] <= 1.0 and e["train_img_s"] > 0
+    assert [r["step"] for r in records if r["event"] == "step"] == [1, 2]
+    ckpt = torch.load(out / "checkpoint_last.pth", weights_only=True)
+    assert ckpt["task"] == "detection" and len(ckpt["class_names"]) == ckpt["num_classes"]
     proc = subprocess.run([*TRAIN, "--data", str(mini_detection), "--epochs", "2", "--resume",
-                           str(out / "checkpoint.pth"), "--output-dir", str(out)],
-                          env=_env(), capture_output=True, text=True, timeout=900)
+                           str(out / "checkpoint_last.pth")], env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed from" in proc.stderr
+    assert "resumed from" in proc.stderr and "at epoch 2, step 0" in proc.stderr
     assert [r["epoch"] for r in read_metrics(out) if r["event"] == "epoch"] == [1, 2]
+    assert (out / "curves.png").is_file()
+
+
+@pytest.mark.slow
+def test_synthetic_backend_trains_without_evaluation(tmp_path, mini_detection):
+    out = tmp_path / "synthetic"
+    proc = subprocess.run([*TRAIN, "--data", str(mini_detection), "--data-backend", "synthetic", "--epochs", "1",
+                           "--output-dir", str(out)], env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "synthetic data: no COCO evaluation" in proc.stderr
+    records = read_metrics(out)
+    epoch, = [r for r in records if r["event"] == "epoch"]
+    assert epoch["train_samples"] == 16 and "val_map" not in epoch  # 2 batches of 8, as the real split gives
+    assert records[0]["backend"] == "synthetic" and (out / "checkpoint_last.pth").is_file()
 
 
 def test_bad_data_folder_is_named(tmp_path):
     proc = subprocess.run([*TRAIN, "--data", str(tmp_path), "--epochs", "1"], env=_env(), capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode != 0
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr  # a user error: one line
     assert f"no COCO annotation file for split 'train' under {tmp_path}" in proc.stderr
 
 
@@ -101,7 +119,8 @@ def test_training_under_torchrun(tmp_path, mini_detection):
            "--epochs", "1", "--output-dir", str(out)]
     proc = subprocess.run(cmd, env={**_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    start, epoch = read_metrics(out)  # rank 0 alone writes
+    records = read_metrics(out)
+    (start,), (epoch,) = ([r for r in records if r["event"] == e] for e in ("start", "epoch"))  # rank 0 alone writes
     assert start["world_size"] == 2 and start["engine"] == "ddp"
     assert epoch["train_samples"] == 16  # 8 per rank, 2 full batches of 4 each
     assert epoch["val_images"] == 8  # every val image exactly once across the two ranks

@@ -90,16 +90,18 @@ def test_two_rank_training_matches_single_process_evaluation(tmp_path, data_root
     out = tmp_path / launcher
     # --channels-last: conv weights and gradients are not contiguous, which Horovod must cope with
     _run(launcher, *TRAIN, "--data", data, "--channels-last", "--output-dir", str(out), data_root=data_root)
-    start, epoch = read_metrics(out)  # rank 0 alone writes: one start and one epoch record
-    assert start["event"] == "start" and start["world_size"] == 2 and start["engine"] == engine
-    assert epoch["event"] == "epoch" and epoch["val_samples"] == 55  # each val sample once across ranks
+    records = read_metrics(out)  # rank 0 alone writes: one start and one epoch record
+    (start,), (epoch,) = ([r for r in records if r["event"] == e] for e in ("start", "epoch"))
+    assert start["world_size"] == 2 and start["engine"] == engine
+    assert epoch["val_samples"] == 55  # each val sample once across ranks
     assert epoch["train_samples"] == 2 * (132 // 16) * 16  # DROP: equal full batches on both ranks
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pth", "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint_best.pth", "checkpoint_last.pth", "curves.png",
+                                                     "metrics.jsonl"]
 
     # The checkpoint rank 0 saved, evaluated by one process: the very top-1 the 2-rank job reported
     # (this needs the ranks' BatchNorm statistics to agree at evaluation time).
     single = tmp_path / "single"
-    _run("none", *TRAIN, "--data", data, "--resume", str(out / "checkpoint.pth"), "--test-only",
+    _run("none", *TRAIN, "--data", data, "--resume", str(out / "checkpoint_last.pth"), "--test-only",
          "--output-dir", str(single), data_root=data_root)
     start1, test_single = read_metrics(single)
     assert start1["world_size"] == 1 and start1["engine"] == "none"
@@ -110,7 +112,7 @@ def test_two_rank_training_matches_single_process_evaluation(tmp_path, data_root
 
     # The same checkpoint evaluated by two ranks: the same top-1, over the same 55 samples.
     both = tmp_path / f"{launcher}-test"
-    _run(launcher, *TRAIN, "--data", data, "--resume", str(out / "checkpoint.pth"), "--test-only",
+    _run(launcher, *TRAIN, "--data", data, "--resume", str(out / "checkpoint_last.pth"), "--test-only",
          "--output-dir", str(both), data_root=data_root)
     start2, test_two = read_metrics(both)
     assert start2["world_size"] == 2 and start2["engine"] == engine

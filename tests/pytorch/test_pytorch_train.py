@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from crossdali.common.metrics import read_metrics
+from crossdali.common.sample_data import class_names
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,36 +31,57 @@ def _env(data_root) -> dict[str, str]:
 
 
 def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification):
-    out = tmp_path / "run"
-    proc = subprocess.run([*TRAIN, "--epochs", "3", "--output-dir", str(out)], env=_env(data_root),
+    # no --output-dir: the run goes to runs/<task>-<framework>-<arch>-<time> under the working directory
+    proc = subprocess.run([*TRAIN, "--epochs", "3"], env=_env(data_root), cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "data backend: dali-cpu" in proc.stderr  # says which pipeline it uses, in one line
-    epochs = [r for r in read_metrics(out) if r["event"] == "epoch"]
+    out, = (tmp_path / "runs").iterdir()
+    assert re.fullmatch(r"classification-pytorch-resnet18-\d{8}-\d{6}", out.name), out.name
+    assert f"outputs: runs/{out.name}" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint_best.pth", "checkpoint_last.pth", "curves.png",
+                                                     "metrics.jsonl"]
+    records = read_metrics(out)
+    epochs = [r for r in records if r["event"] == "epoch"]
     assert [r["epoch"] for r in epochs] == [1, 2, 3]
     assert all(r["val_samples"] == 55 and r["train_samples"] == 264 for r in epochs)
     assert epochs[-1]["val_top1"] >= TOP1_THRESHOLD, epochs
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
     assert all(r["train_img_s"] > 0 and r["data_wait_s"] >= 0 for r in epochs)
+    steps = [r for r in records if r["event"] == "step"]  # one record per optimizer step, with its data wait
+    assert [(r["epoch"], r["step"]) for r in steps] == [(e, s) for e in (1, 2, 3) for s in range(1, 10)]
+    assert all(r["data_wait_s"] >= 0 and r["step_s"] > 0 and r["samples"] in (32, 8) for r in steps)
+    summary, = [r for r in records if r["event"] == "summary"]
+    best = max(epochs, key=lambda r: r["val_top1"])
+    assert (summary["best"], summary["best_epoch"], summary["epochs"]) == (best["val_top1"], best["epoch"], 3)
+    assert "best val_top1" in proc.stderr and f"outputs in runs/{out.name}" in proc.stderr
+
+    # the checkpoints carry the class names and the whole configuration
+    ckpt = torch.load(out / "checkpoint_last.pth", weights_only=True)
+    assert ckpt["class_names"] == class_names() and ckpt["num_classes"] == 11
+    assert ckpt["config"]["arch"] == "resnet18" and ckpt["config"]["crop_size"] == 64
+    assert torch.load(out / "checkpoint_best.pth", weights_only=True)["best_epoch"] == best["epoch"]
 
     # evaluating the saved checkpoint reproduces the last epoch's top-1 exactly
-    proc = subprocess.run([*TRAIN, "--resume", str(out / "checkpoint.pth"), "--test-only", "--output-dir", str(out)],
-                          env=_env(data_root), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*TRAIN, "--resume", str(out / "checkpoint_last.pth"), "--test-only", "--output-dir",
+                           str(tmp_path / "test")], env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    test = [r for r in read_metrics(out) if r["event"] == "test"][-1]
+    test = [r for r in read_metrics(tmp_path / "test") if r["event"] == "test"][-1]
     assert test["val_top1"] == pytest.approx(epochs[-1]["val_top1"]) and test["val_samples"] == 55
 
-    # resuming continues at the next epoch
-    proc = subprocess.run([*TRAIN, "--epochs", "4", "--resume", str(out / "checkpoint.pth"), "--output-dir", str(out)],
+    # resuming continues at the next epoch, in the checkpoint's folder
+    proc = subprocess.run([*TRAIN, "--epochs", "4", "--resume", str(out / "checkpoint_last.pth")],
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["epoch"] for r in read_metrics(out) if r["event"] == "epoch"] == [1, 2, 3, 4]
 
 
-def test_bad_resume_path_is_named(tmp_path, data_root, tiny_classification):
+def test_bad_resume_path_is_one_line(tmp_path, data_root, tiny_classification):
     proc = subprocess.run([*TRAIN, "--epochs", "1", "--resume", str(tmp_path / "missing.pth")], env=_env(data_root),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0 and "missing.pth does not exist" in proc.stderr
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"error: --resume {tmp_path / 'missing.pth'} does not exist")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()  # nothing written for a failed start
 
 
 def _torchrun(*args: str) -> list[str]:
@@ -84,7 +107,8 @@ def test_training_under_torchrun(tmp_path, data_root, tiny_classification):
                                     "--output-dir", str(out)),
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (start, epoch), = [read_metrics(out)[:2]]  # rank 0 alone writes: one start and one epoch record
+    records = read_metrics(out)
+    (start,), (epoch,) = ([r for r in records if r["event"] == e] for e in ("start", "epoch"))  # rank 0 alone writes
     assert start["world_size"] == 2 and start["engine"] == "ddp"
     assert epoch["val_samples"] == 55  # every val sample exactly once across the two ranks
     # DROP under 2 ranks: 264 samples, 132 per rank, 4 full batches of 32 each

@@ -1,0 +1,181 @@
+"""What a training run leaves on disk, the same for every framework: its folder, its summary and
+the plot of its curves (from ``metrics.jsonl``).
+
+Every run writes somewhere: ``--output-dir``, else the folder of the ``--resume`` checkpoint, else
+``runs/<task>-<framework>-<arch>-<YYYYmmdd-HHMMSS>``; the script says where at start and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from pathlib import Path
+
+from crossdali.common.metrics import MetricsWriter, latest_records, read_metrics
+from crossdali.common.progress import format_duration
+
+__all__ = ["PLOT_NAME", "default_run_dir", "choose_run_dir", "open_metrics", "plain_config", "summarize", "format_summary",
+           "plot_run", "finish_run"]
+
+log = logging.getLogger(__name__)
+
+PLOT_NAME = "curves.png"
+
+
+def default_run_dir(*, task: str, framework: str, arch: str, root: Path | str = "runs",
+                    now: float | None = None) -> Path:
+    """``runs/<task>-<framework>-<arch>-<time>``; ``-2``, ``-3`` ... if two runs start in one second."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = Path(root) / f"{task}-{framework}-{arch}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def choose_run_dir(output_dir: Path | None, *, resume: Path | None, task: str, framework: str, arch: str) -> Path:
+    """Where this run writes (see the module docstring). Not created here: a run that fails before
+    training leaves no empty folder behind."""
+    if output_dir is not None:
+        return Path(output_dir)
+    if resume is not None:
+        return Path(resume).parent
+    return default_run_dir(task=task, framework=framework, arch=arch)
+
+
+def open_metrics(run_dir: Path, *, continuing: bool, enabled: bool = True) -> MetricsWriter:
+    """The run's ``metrics.jsonl`` writer (rank 0: ``enabled``). A resumed run (``continuing``)
+    appends; a new run in a folder that holds an earlier run's file moves that file aside to
+    ``metrics.<time>.jsonl`` rather than mixing two runs in one summary and plot."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if enabled and not continuing and path.is_file():
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+        older = path.with_name(f"metrics.{stamp}.jsonl")
+        path.rename(older)
+        log.warning("%s held an earlier run's metrics: moved to %s", path, older.name)
+    return MetricsWriter(run_dir, enabled=enabled)
+
+
+def plain_config(args: argparse.Namespace | dict) -> dict:
+    """The flags as plain values (paths as strings), safe to store in a checkpoint that is loaded
+    without unpickling objects."""
+    items = vars(args).items() if isinstance(args, argparse.Namespace) else args.items()
+    out = {}
+    for key, value in items:
+        if isinstance(value, Path):
+            value = str(value)
+        elif not (value is None or isinstance(value, (bool, int, float, str))):
+            value = repr(value)
+        out[key] = value
+    return out
+
+
+def summarize(records: list[dict], *, metric: str, higher_is_better: bool = True) -> dict:
+    """The numbers of a finished run from its ``metrics.jsonl`` records: best and last ``metric``,
+    epochs, wall time of training and evaluation, mean samples/s and data-wait share."""
+    epochs = latest_records(records, "epoch")
+    steps = latest_records(records, "step")
+    scored = [e for e in epochs if isinstance(e.get(metric), (int, float)) and math.isfinite(e[metric])]
+    best = (max if higher_is_better else min)(scored, key=lambda e: e[metric]) if scored else None
+    train_s = sum(e.get("train_seconds", 0.0) for e in epochs)
+    eval_s = sum(e.get("eval_seconds", 0.0) for e in epochs)
+    samples = sum(e.get("train_samples", 0) for e in epochs)
+    wait = sum(s.get("data_wait_s", 0.0) for s in steps)
+    busy = sum(s.get("step_s", 0.0) for s in steps)
+    return {
+        "metric": metric, "epochs": len(epochs),
+        "best": best[metric] if best else None, "best_epoch": best["epoch"] if best else None,
+        "last": epochs[-1].get(metric) if epochs else None,
+        "train_seconds": train_s, "eval_seconds": eval_s,
+        "mean_samples_s": samples / train_s if train_s else None,
+        "data_wait_pct": 100 * wait / busy if busy else None,
+    }
+
+
+def format_summary(summary: dict, *, run_dir: Path, files: list[str], unit: str = "img") -> str:
+    """The lines a person reads at the end of a run."""
+    lines = [f"done: {summary['epochs']} epochs, {format_duration(summary['train_seconds'])} training + "
+             f"{format_duration(summary['eval_seconds'])} evaluation"]
+    if summary["best"] is not None:
+        lines.append(f"  best {summary['metric']} {summary['best']:.4g} (epoch {summary['best_epoch']}), "
+                     f"last {summary['last']:.4g}")
+    if summary["mean_samples_s"] is not None:
+        wait = summary["data_wait_pct"]
+        lines.append(f"  mean {summary['mean_samples_s']:,.1f} {unit}/s" +
+                     (f", {wait:.{0 if wait >= 10 else 1}f} % of step time waiting for data" if wait is not None else ""))
+    lines.append(f"  outputs in {run_dir}: {', '.join(files)}")
+    return "\n".join(lines)
+
+
+def plot_run(run_dir: Path | str) -> Path:
+    """Plot a run's curves from ``<run_dir>/metrics.jsonl`` into ``<run_dir>/curves.png`` and return
+    its path: loss (train per step and epoch, val per epoch), the val metric (top-1 or mAP),
+    samples/s and data wait per step."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        from crossdali.common.script import UsageError
+
+        raise UsageError(f"{run_dir} has no metrics.jsonl: pass the folder a training run wrote (its --output-dir)")
+    try:
+        import matplotlib  # defer: only plotting needs it
+    except ImportError:
+        raise ImportError("plotting a run needs matplotlib: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    steps, epochs = latest_records(records, "step"), latest_records(records, "epoch")
+    per_epoch = max((s.get("step", 0) for s in steps), default=0) or 1
+    x = [(s["epoch"] - 1) + s["step"] / per_epoch for s in steps]  # fractional epochs
+    ex = [e["epoch"] for e in epochs]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), layout="constrained")
+    ax = axes[0][0]
+    if steps:
+        ax.plot(x, [s["loss"] for s in steps], lw=0.6, alpha=0.5, label="train (step)")
+    if any("train_loss" in e for e in epochs):
+        ax.plot(ex, [e.get("train_loss") for e in epochs], "o-", label="train (epoch)")
+    if any("val_loss" in e for e in epochs):
+        ax.plot(ex, [e.get("val_loss") for e in epochs], "s-", label="val")
+    ax.set(title="loss", xlabel="epoch", yscale="log")
+    ax.legend()
+    ax = axes[0][1]
+    for key, label in (("val_top1", "val top-1 (%)"), ("val_top5", "val top-5 (%)"), ("val_map", "val mAP"),
+                       ("val_map50", "val mAP@0.5")):
+        pts = [(e["epoch"], e[key]) for e in epochs if key in e]
+        if pts:
+            ax.plot(*zip(*pts), "o-", label=label)
+    ax.set(title="validation", xlabel="epoch")
+    if ax.lines:
+        ax.legend()
+    ax = axes[1][0]
+    if steps:
+        ax.plot(x, [s["samples"] / s["step_s"] if s.get("step_s") else float("nan") for s in steps], lw=0.6)
+    ax.set(title="samples/s (all ranks, per step)", xlabel="epoch")
+    ax = axes[1][1]
+    if steps:
+        ax.plot(x, [1000 * s.get("data_wait_s", 0.0) for s in steps], lw=0.6)
+    ax.set(title="data wait per step (ms, rank 0)", xlabel="epoch")
+    start = next((r for r in records if r.get("event") == "start"), {})
+    fig.suptitle(f"{run_dir.name}: {start.get('arch', '')} on {start.get('backend', '')}, "
+                 f"{start.get('world_size', 1)} process(es)")
+    out = run_dir / PLOT_NAME
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def finish_run(run_dir: Path, *, metrics, metric: str, higher_is_better: bool = True, unit: str = "img") -> dict:
+    """The end of a training run (rank 0): the ``summary`` record, the plot, and the summary lines."""
+    run_dir = Path(run_dir)
+    summary = summarize(read_metrics(run_dir), metric=metric, higher_is_better=higher_is_better)
+    metrics.write(event="summary", **summary)
+    try:
+        plot_run(run_dir)
+    except ImportError as e:
+        log.warning("no plot of the curves: %s", e)
+    files = sorted(p.name for p in run_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    log.info(format_summary(summary, run_dir=run_dir, files=files, unit=unit))
+    return summary

@@ -1,0 +1,71 @@
+"""How a training script starts and ends, the same for every framework.
+
+``run(main, get_args_parser())`` parses the command line and calls ``main(args)``. A user's mistake
+(a bad path, flag value or file: ``DataError``, ``UsageError``) prints one line naming the thing and
+the fix and exits 2; a stop asked for by SIGTERM/SIGINT (``TrainingStopped``) prints where the
+checkpoint is and exits 128 + the signal number, as a shell reports a signal; anything else is a
+bug and keeps its traceback. ``--debug`` keeps tracebacks for everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from crossdali.common.distributed import detect_distributed
+from crossdali.common.sources import DataError
+
+__all__ = ["UsageError", "TrainingStopped", "USER_ERRORS", "run", "configure_logging"]
+
+
+class UsageError(ValueError):
+    """A wrong flag value or combination, or an unusable file passed by flag. The message names
+    the flag, the value and the fix."""
+
+
+class TrainingStopped(Exception):
+    """Training stopped on a signal after saving a checkpoint it can resume from."""
+
+    def __init__(self, message: str, *, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+#: Exceptions that mean "the user gave something wrong": one line, exit 2.
+USER_ERRORS: tuple[type[BaseException], ...] = (DataError, UsageError)
+
+
+def configure_logging(*, is_main: bool, debug: bool = False) -> None:
+    """INFO on rank 0 and WARNING elsewhere (other ranks are quiet, not patched), DEBUG with --debug."""
+    level = logging.DEBUG if debug else logging.INFO if is_main else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+
+def _prefix(prog: str) -> str:
+    dist = detect_distributed()
+    return f"{prog} [rank {dist.rank}]" if dist.is_distributed else prog
+
+
+def run(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentParser,
+        argv: Sequence[str] | None = None) -> None:
+    """Parse ``argv`` (default: the command line), run ``main`` and exit as the module docstring says."""
+    args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
+    try:
+        main(args)
+    except USER_ERRORS as e:
+        if debug:
+            raise
+        print(f"{_prefix(parser.prog)}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except TrainingStopped as e:
+        print(f"{_prefix(parser.prog)}: {e}", file=sys.stderr)
+        raise SystemExit(128 + e.signum) from None
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a checkpoint
+        if debug:
+            raise
+        print(f"{_prefix(parser.prog)}: interrupted (no checkpoint written for the current step)", file=sys.stderr)
+        raise SystemExit(130) from None

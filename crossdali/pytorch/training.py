@@ -1,0 +1,551 @@
+"""The pieces every PyTorch training script shares (classification, SSD, video), so a fix lands
+once: backend choice, seeding, optimiser and warm-up + cosine schedule, mixed precision with a
+``GradScaler``, accuracy, the per-step bookkeeping (data wait, metrics record, progress bar,
+checkpoints every N steps, a graceful stop on SIGTERM/SIGINT) and checkpoints that resume
+mid-epoch with exactly the batches, augmentation and losses of an uninterrupted run.
+
+The scripts keep torchvision's shape (``get_args_parser``, ``train_one_epoch``, ``evaluate``,
+``load_data``, ``main``); each ``train_one_epoch`` is::
+
+    for images, target in tracker.steps(loader):
+        with amp.autocast():
+            loss = criterion(model(images), target)
+        amp.backward_step(loss, optimizer)
+        scheduler.step()
+        tracker.step_done(loss, images.shape[0])
+    return tracker.epoch_stats()
+
+Checkpoints hold tensors and plain values only and are loaded with ``torch.load(weights_only=True)``:
+a checkpoint from elsewhere cannot run code.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from crossdali.common.metrics import MetricsWriter, format_epoch_line, topk_for
+from crossdali.common.progress import EpochProgress, format_duration
+from crossdali.common.script import TrainingStopped, UsageError, configure_logging
+from crossdali.common.train_args import resolve_backend
+from crossdali.pytorch.distributed import Runtime, init_distributed
+
+__all__ = ["ENGINES", "CHECKPOINT_LAST", "CHECKPOINT_BEST", "training_session", "choose_backend", "seed_everything",
+           "agree_run_dir", "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision",
+           "accuracy_counts", "evaluate_classifier", "SyntheticBatches", "gather_objects", "StopRequest", "TrainState",
+           "Checkpointer", "load_checkpoint", "StepTracker"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: ``--engine`` choices of every PyTorch script.
+ENGINES = ("auto", "ddp", "horovod", "none")
+CHECKPOINT_LAST = "checkpoint_last.pth"
+CHECKPOINT_BEST = "checkpoint_best.pth"
+_FORMAT = "crossdali.pytorch.training/1"
+
+
+@contextmanager
+def training_session(*, engine: str, debug: bool = False) -> Iterator[tuple[Runtime, StopRequest]]:
+    """The process group (``--engine``), logging (INFO on rank 0), and SIGTERM/SIGINT turned into a
+    graceful stop, undone at the end whatever happens."""
+    runtime = init_distributed(engine=engine)
+    configure_logging(is_main=runtime.dist.is_main, debug=debug)
+    stop = StopRequest(announce=runtime.dist.is_main).install()
+    try:
+        yield runtime, stop
+    finally:
+        stop.uninstall()
+        runtime.shutdown()
+
+
+def choose_backend(requested: str, *, gpu_note: str = "DALI mixed decoder",
+                   cpu_note: str = "DALI runs all operators on the CPU") -> str:
+    """``--data-backend auto`` -> dali-gpu with a visible CUDA GPU, else dali-cpu (said in one line)."""
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return resolve_backend(requested, gpu=gpu, gpu_note=gpu_note, cpu_note=cpu_note)
+
+
+def seed_everything(seed: int) -> None:
+    """The same initial weights on every run and every rank, and the same results on the CPU.
+
+    The data order and augmentation are DALI's, fixed by the same seed whatever its thread count.
+    On the CPU the results depend on torch's intra-op thread count (convolution and BatchNorm
+    gradients are summed in per-thread parts), so it is logged: runs with the same count on the
+    same kind of CPU are bit-identical (docs/classification.md). On the GPU cuDNN's autotuner
+    (``benchmark``) stays off: it picks convolution algorithms by timing them, so two runs could
+    pick different ones and round differently.
+    """
+    torch.manual_seed(seed)
+    torch.backends.cudnn.benchmark = False
+    log.info("seed %d; torch uses %d CPU threads (OMP_NUM_THREADS; the same count gives the same results)",
+             seed, torch.get_num_threads())
+
+
+def agree_run_dir(runtime: Runtime, run_dir: Path) -> Path:
+    """Rank 0's run folder on every rank (a default name holds the start time, which ranks may see
+    differently); only rank 0 writes there, but every rank names it when it stops."""
+    return Path(gather_objects(runtime, str(run_dir))[0])
+
+
+def build_on_rank0(runtime: Runtime, build: Callable[[], T]) -> T:
+    """``build()`` on rank 0 first (e.g. the sample set), the other ranks after it finished."""
+    if runtime.dist.is_main:
+        build()
+    runtime.barrier()
+    return build()
+
+
+def scaled_lr(lr: float, *, batch_size: int, world_size: int, reference_batch: int | None) -> float:
+    """``lr`` given for a global batch of ``reference_batch``, scaled linearly to this job's global batch."""
+    return lr if reference_batch is None else lr * batch_size * world_size / reference_batch
+
+
+def create_optimizer(name: str, params: Iterable, *, lr: float, momentum: float = 0.9,
+                     weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """``sgd`` (with momentum) or ``adamw`` by name (``--opt``)."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    raise UsageError(f"--opt must be sgd or adamw, got {name!r}")
+
+
+def create_scheduler(optimizer: torch.optim.Optimizer, *, epochs: int, steps_per_epoch: int, warmup_epochs: float,
+                     start_factor: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+    """Per-step linear warm-up from ``start_factor * lr`` over ``warmup_epochs``, then cosine decay to 0.
+
+    A closed form of the step number (``LambdaLR``): its saved state is the step count alone, so a
+    resumed run continues the very same learning rates, and a run resumed with more ``--epochs``
+    continues on the longer schedule.
+    """
+    total = max(1, epochs * steps_per_epoch)
+    warmup = min(int(warmup_epochs * steps_per_epoch), total - 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return start_factor + (1.0 - start_factor) * step / warmup
+        return 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, total - warmup) / (total - warmup)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class MixedPrecision:
+    """Autocast and the optimizer step with loss scaling.
+
+    ``enabled``: float16 on CUDA, bfloat16 on the CPU (``dtype`` overrides). float16 gradients
+    underflow (below 6e-8 they become 0), so whenever the dtype is float16 the loss is scaled
+    by a ``GradScaler`` before ``backward`` and the gradients unscaled before the step; bfloat16 has
+    float32's range and needs no scaling. Under Horovod the scaler must see the averaged gradients:
+    ``synchronize()`` first, then step without a second allreduce (``skip_synchronize``).
+    """
+
+    def __init__(self, *, enabled: bool, runtime: Runtime, dtype: torch.dtype | None = None) -> None:
+        self.device_type = runtime.device.type
+        self.dtype = (dtype or (torch.float16 if self.device_type == "cuda" else torch.bfloat16)) if enabled else None
+        self.horovod = runtime.engine == "horovod"
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def backward_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        """Zero the gradients, backward the (scaled) loss, step the optimizer, update the scale."""
+        optimizer.zero_grad()  # set_to_none by default; Horovod's DistributedOptimizer takes no arguments
+        self.scaler.scale(loss).backward()
+        if self.horovod and self.scaler.is_enabled():
+            optimizer.synchronize()  # finish Horovod's allreduce before the scaler reads the gradients
+            self.scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                self.scaler.step(optimizer)
+        else:
+            self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+def accuracy_counts(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...] = (1, 5)) -> list[int]:
+    """Number of samples whose target is among the top-k predictions, for each k."""
+    maxk = min(max(topk), output.shape[1])
+    pred = output.topk(maxk, dim=1).indices
+    correct = pred.eq(target.view(-1, 1))
+    return [int(correct[:, : min(k, maxk)].any(dim=1).sum()) for k in topk]
+
+
+@torch.inference_mode()
+def evaluate_classifier(model: torch.nn.Module, criterion: torch.nn.Module, loader: Iterable, *, runtime: Runtime,
+                        amp: MixedPrecision, num_classes: int, channels_last: bool = False) -> dict[str, float]:
+    """Loss and top-k (k < classes) over every val sample, each seen once across all ranks."""
+    model.eval()
+    device = runtime.device
+    ks = topk_for(num_classes)
+    loss_sum, seen, correct = 0.0, 0, [0] * len(ks)
+    start = time.perf_counter()
+    for inputs, target in loader:
+        inputs, target = inputs.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        if channels_last:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        with amp.autocast():
+            output = model(inputs)
+        loss_sum += float(criterion(output.float(), target)) * inputs.shape[0]
+        correct = [c + n for c, n in zip(correct, accuracy_counts(output, target, ks))]
+        seen += inputs.shape[0]
+    loss_sum, seen, *correct = runtime.all_reduce_sum([loss_sum, seen, *correct])
+    stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
+    return stats | {f"val_top{k}": 100 * c / max(seen, 1) for k, c in zip(ks, correct)}
+
+
+class SyntheticBatches:
+    """One batch of tensors, repeated ``num_batches`` times per epoch: the model's speed without
+    any input pipeline (``--data-backend synthetic``). Same loader contract as the real ones."""
+
+    def __init__(self, batch: tuple[torch.Tensor, ...], *, num_batches: int, num_classes: int) -> None:
+        self.batch, self.batch_size, self.num_classes = batch, batch[0].shape[0], num_classes
+        self.epoch, self._len = 0, max(1, num_batches)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        for _ in range(self._len):
+            yield self.batch
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+
+
+def gather_objects(runtime: Runtime, obj: Any) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if runtime.engine == "ddp":
+        parts = [None] * runtime.dist.world_size
+        torch.distributed.all_gather_object(parts, obj)
+        return parts
+    if runtime.engine == "horovod":
+        import horovod.torch as hvd
+
+        # evaluate() runs in inference mode; Horovod's background thread writes into the tensors
+        # it creates, which inference mode forbids ("Inplace update to inference tensor")
+        with torch.inference_mode(False):
+            return list(hvd.allgather_object(obj))
+    return [obj]
+
+
+class StopRequest:
+    """SIGTERM/SIGINT ask for a graceful stop: the current step finishes, a checkpoint is saved,
+    the script exits. A second Ctrl-C stops at once. Every rank must stop after the same step
+    (data-parallel collectives), so ``agreed`` asks all ranks whether any of them was signalled.
+    """
+
+    def __init__(self, *, announce: bool = True) -> None:
+        self.signum = 0
+        self._announce = announce
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> StopRequest:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if not self.signum:
+            self.signum = signum
+            if self._announce:  # os.write: safe inside a signal handler, unlike logging
+                os.write(2, f"\n{signal.Signals(signum).name} received: finishing this step, saving a checkpoint, "
+                            "then stopping (Ctrl-C again stops at once, without saving)\n".encode())
+
+    def agreed(self, runtime: Runtime) -> int:
+        """The signal to stop for (0: go on), the same on every rank."""
+        if not runtime.dist.is_distributed:
+            return self.signum
+        asked, = runtime.all_reduce_sum([1.0 if self.signum else 0.0])
+        return (self.signum or int(signal.SIGTERM)) if asked > 0 else 0
+
+
+@dataclass
+class TrainState:
+    """Everything a resumed run needs to continue as if it had never stopped: the objects whose
+    ``state_dict`` is saved, where training stands (``epoch`` in progress, optimizer ``step`` in it,
+    ``global_step`` overall) and the running sums of the epoch in progress."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    amp: MixedPrecision
+    loader: Any  # the train loader (crossdali.common.loaders.Loader)
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+    best: float | None = None
+    best_epoch: int | None = None
+    sums: dict[str, float] = field(default_factory=lambda: {"loss": 0.0, "samples": 0.0, "data_wait": 0.0})
+    seconds: float = 0.0  # training time of the epoch in progress (this rank)
+
+    def next_epoch(self) -> None:
+        self.epoch, self.step = self.epoch + 1, 0
+        self.sums = {k: 0.0 for k in self.sums}
+        self.seconds = 0.0
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file in the same folder, then rename: a reader (or a resume after
+    a crash mid-write) sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def load_checkpoint(path: Path, *, flag: str = "--resume") -> dict:
+    """A crossdali checkpoint, loaded with ``weights_only=True`` (tensors and plain values only:
+    a file with pickled objects is refused, since unpickling it could run code)."""
+    if not path.is_file():
+        raise UsageError(f"{flag} {path} does not exist" + (f" (a folder: pass {path / CHECKPOINT_LAST})"
+                                                           if path.is_dir() else ""))
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a file that is not a checkpoint at all
+        found = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
+        if found:
+            raise UsageError(f"{flag} {path} holds pickled Python objects (it refers to {found.group(1)}), which "
+                             "could run code when loaded, so it is refused: crossdali loads checkpoints with "
+                             "torch.load(weights_only=True); save only state dicts of tensors and plain values") from None
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+        raise UsageError(f"{flag} {path} is not a readable PyTorch checkpoint ({type(e).__name__}"
+                         f"{': ' + reason[:200] if reason else ''})") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt:
+        raise UsageError(f"{flag} {path} is a PyTorch file but not a training checkpoint (no 'model' state dict)")
+    return ckpt
+
+
+class Checkpointer:
+    """``checkpoint_last.pth`` (each epoch end, every ``--checkpoint-every`` steps, on a stop) and
+    ``checkpoint_best.pth`` (best ``metric`` so far) in ``run_dir``, written atomically by rank 0.
+
+    Besides the state dicts a checkpoint holds ``meta`` (task, arch, class names, the full config
+    as plain values) and, per rank, the loader state (DALI's reader position and random state)
+    and the RNG state: every rank resumes its own shard where it stopped.
+    """
+
+    def __init__(self, run_dir: Path, *, runtime: Runtime, meta: dict, metric: str | None,
+                 higher_is_better: bool = True) -> None:
+        self.run_dir, self.runtime, self.meta = Path(run_dir), runtime, meta
+        self.metric, self.higher_is_better = metric, higher_is_better
+        self.last, self.best = self.run_dir / CHECKPOINT_LAST, self.run_dir / CHECKPOINT_BEST
+
+    def save(self, state: TrainState, *, best: bool = False) -> Path:
+        """Save ``state`` (call on every rank: it gathers the ranks' loader states)."""
+        per_rank = gather_objects(self.runtime, {"loader": state.loader.state_dict(), "rng": _rng_state()})
+        loss, samples, wait = self.runtime.all_reduce_sum([state.sums["loss"], state.sums["samples"],
+                                                           state.sums["data_wait"]])
+        if self.runtime.dist.is_main:
+            payload = {
+                "format": _FORMAT, **self.meta,
+                "model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
+                "scheduler": state.scheduler.state_dict(), "scaler": state.amp.scaler.state_dict(),
+                "epoch": state.epoch, "step": state.step, "global_step": state.global_step,
+                "best": state.best, "best_epoch": state.best_epoch, "world_size": self.runtime.dist.world_size,
+                "sums": {"loss": loss, "samples": samples, "data_wait": wait}, "seconds": state.seconds,
+                "ranks": per_rank,
+            }
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_save(payload, self.last)
+            if best:  # the same bytes: copy rather than serialise the state twice
+                tmp = self.best.with_name(f".{self.best.name}.tmp-{os.getpid()}")
+                shutil.copyfile(self.last, tmp)
+                os.replace(tmp, self.best)
+            log.debug("saved %s (epoch %d, step %d)", self.last, state.epoch + 1, state.step)
+        self.runtime.barrier()  # no rank exits (e.g. on a stop) while rank 0 is still writing
+        return self.last
+
+    def improved(self, state: TrainState, stats: dict) -> bool:
+        """Record ``stats[metric]`` in ``state.best`` if it beats the best so far."""
+        value = stats.get(self.metric) if self.metric else None
+        if value is None or not math.isfinite(value):
+            return False
+        better = state.best is None or (value > state.best if self.higher_is_better else value < state.best)
+        if better:
+            state.best, state.best_epoch = value, state.epoch + 1
+        return better
+
+    def restore(self, ckpt: dict, state: TrainState, *, path: Path) -> None:
+        """Continue from ``ckpt``: weights, optimizer, schedule, loss scale, RNG, this rank's loader
+        position, the epoch and step in it, and the epoch's running sums."""
+        if ckpt.get("format") != _FORMAT:
+            raise UsageError(f"--resume {path} was not written by this version of crossdali's PyTorch scripts "
+                             f"(format {ckpt.get('format')!r}, expected {_FORMAT!r}); use it with --test-only, or "
+                             "start a new run")
+        self._check_model(ckpt, path)
+        world = self.runtime.dist.world_size
+        if ckpt["world_size"] != world:
+            raise UsageError(f"--resume {path} was saved by {ckpt['world_size']} process(es) and this job has {world}: "
+                             "training resumes with the same number (each rank continues its own data shard, and "
+                             "the global batch sets the schedule); --test-only evaluates it with any number")
+        state.model.load_state_dict(ckpt["model"])
+        state.optimizer.load_state_dict(ckpt["optimizer"])
+        state.scheduler.load_state_dict(ckpt["scheduler"])
+        state.amp.scaler.load_state_dict(ckpt["scaler"])
+        state.epoch, state.step, state.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
+        state.best, state.best_epoch = ckpt["best"], ckpt["best_epoch"]
+        mine = ckpt["ranks"][self.runtime.dist.rank]
+        state.loader.load_state_dict(mine["loader"])
+        _set_rng_state(mine["rng"])
+        if self.runtime.dist.is_main:  # the epoch's sums over all ranks so far: rank 0 carries them on
+            state.sums, state.seconds = dict(ckpt["sums"]), ckpt["seconds"]
+        planned = ckpt.get("config", {}).get("epochs")
+        if planned is not None and planned != self.meta["config"].get("epochs"):
+            log.warning("--resume %s was planned for %s epochs, now %s: the learning rate continues on the new "
+                        "warm-up + cosine schedule", path, planned, self.meta["config"].get("epochs"))
+        log.info("resumed from %s at epoch %d, step %d", path, state.epoch + 1, state.step)
+
+    def resume(self, ckpt: dict | None, state: TrainState, *, path: Path | None, test_only: bool) -> None:
+        """``--resume``: the whole training state, or only the weights with ``--test-only``."""
+        if ckpt is None:
+            return
+        if test_only:
+            self.load_weights(ckpt, state.model, path=path)
+        else:
+            self.restore(ckpt, state, path=path)
+
+    def load_weights(self, ckpt: dict, model: torch.nn.Module, *, path: Path) -> None:
+        """Only the weights (``--test-only``): any number of processes, any checkpoint format of ours."""
+        self._check_model(ckpt, path)
+        model.load_state_dict(ckpt["model"])
+        log.info("weights from %s%s", path, f" (epoch {ckpt['epoch']}, step {ckpt['step']})" if "epoch" in ckpt else "")
+
+    def _check_model(self, ckpt: dict, path: Path) -> None:
+        for key in ("arch", "num_classes"):
+            if key in ckpt and key in self.meta and ckpt[key] != self.meta[key]:
+                raise UsageError(f"--resume {path} holds a model with {key}={ckpt[key]!r}, but this run builds "
+                                 f"{key}={self.meta[key]!r}: pass the same --arch and data")
+
+
+class StepTracker:
+    """What happens around every training step, the same in every script: data wait and step
+    time, the ``step`` metrics record, the progress bar or line, ``checkpoint_last`` every
+    ``checkpoint_every`` steps, and the graceful stop (``StopRequest``) after a step."""
+
+    def __init__(self, state: TrainState, *, runtime: Runtime, checkpointer: Checkpointer, metrics: MetricsWriter,
+                 stop: StopRequest, epochs: int, checkpoint_every: int = 0, print_freq: int = 10,
+                 unit: str = "img") -> None:
+        self.state, self.runtime, self.checkpointer, self.metrics, self.stop = state, runtime, checkpointer, metrics, stop
+        self.epochs, self.checkpoint_every, self.print_freq, self.unit = epochs, checkpoint_every, print_freq, unit
+        self._progress: EpochProgress | None = None
+        self._t0 = self._wait = self._lr = 0.0
+
+    def steps(self, loader: Iterable) -> Iterator:
+        """The batches of the epoch in progress (the rest of it, when resumed mid-epoch)."""
+        state = self.state
+        self._progress = EpochProgress(total=len(loader), initial=state.step, desc=f"epoch {state.epoch + 1}/{self.epochs}",
+                                       enabled=self.runtime.dist.is_main, print_freq=self.print_freq, unit=self.unit)
+        self._t0 = time.perf_counter()
+        try:
+            for batch in loader:
+                self._wait = time.perf_counter() - self._t0
+                self._lr = state.optimizer.param_groups[0]["lr"]  # the rate this step uses
+                yield batch
+        finally:
+            self._progress.close()
+
+    def step_done(self, loss: torch.Tensor, samples: int) -> None:
+        """After the optimizer (and scheduler) step: book-keeping, then a checkpoint or a stop if due."""
+        state = self.state
+        value = float(loss.detach())  # waits for the step to finish (GPU): step times are real
+        step_s = time.perf_counter() - self._t0
+        state.step += 1
+        state.global_step += 1
+        state.sums["loss"] += value * samples
+        state.sums["samples"] += samples
+        state.sums["data_wait"] += self._wait
+        state.seconds += step_s
+        world = self.runtime.dist.world_size
+        self.metrics.write(event="step", epoch=state.epoch + 1, step=state.step, loss=value, lr=self._lr,
+                           samples=samples * world, step_s=step_s, data_wait_s=self._wait)
+        self._progress.update(loss=value, lr=self._lr, samples=samples * world, step_seconds=step_s,
+                              data_wait_seconds=self._wait)
+        if self.checkpoint_every and state.global_step % self.checkpoint_every == 0:
+            self.checkpointer.save(state)
+        self.stop_if_asked()
+        self._t0 = time.perf_counter()
+
+    def stop_if_asked(self) -> None:
+        """Save and raise ``TrainingStopped`` if any rank was signalled (call on every rank)."""
+        signum = self.stop.agreed(self.runtime)
+        if not signum:
+            return
+        if self._progress is not None:
+            self._progress.close()
+        state = self.state
+        path = self.checkpointer.save(state)
+        where = f"epoch {state.epoch + 1}, step {state.step}" if state.step else f"the start of epoch {state.epoch + 1}"
+        raise TrainingStopped(f"stopped by {signal.Signals(signum).name} at {where}; checkpoint {path}; continue with "
+                              f"the same command and --resume {path}", signum=signum)
+
+    def epoch_stats(self) -> dict[str, float]:
+        """The epoch's training numbers over all ranks (resumed epochs include the part before the stop)."""
+        state = self.state
+        loss, samples, wait = self.runtime.all_reduce_sum([state.sums["loss"], state.sums["samples"],
+                                                           state.sums["data_wait"]])
+        return {"train_loss": loss / max(samples, 1), "train_samples": int(samples), "train_seconds": state.seconds,
+                "train_img_s": samples / max(state.seconds, 1e-9), "data_wait_s": wait / self.runtime.dist.world_size}
+
+    def end_epoch(self, stats: dict[str, float]) -> None:
+        """After training and evaluating an epoch: the epoch record, the log line with the run's ETA,
+        ``checkpoint_last`` (and ``checkpoint_best`` if the metric improved), then stop if asked."""
+        state = self.state
+        if not math.isfinite(stats["train_loss"]):  # diverged: the flags' doing, not a bug (one line, exit 2)
+            lr = state.optimizer.param_groups[0].get("initial_lr", state.optimizer.param_groups[0]["lr"])
+            raise UsageError(f"training loss is {stats['train_loss']} at epoch {state.epoch + 1} (peak learning rate "
+                             f"{lr:.4g}): lower --lr or lengthen --lr-warmup-epochs")
+        best = self.checkpointer.improved(state, stats)
+        epoch = state.epoch
+        self.metrics.write(event="epoch", epoch=epoch + 1, lr=state.optimizer.param_groups[0]["lr"], **stats)
+        line = format_epoch_line(epoch, self.epochs, stats, unit=self.unit)
+        left = self.epochs - epoch - 1
+        if left:
+            line += f"  eta {format_duration(left * (stats['train_seconds'] + stats.get('eval_seconds', 0.0)))}"
+        log.info(line + ("  (best)" if best else ""))
+        state.next_epoch()
+        self.checkpointer.save(state, best=best)
+        self._progress = None
+        self.stop_if_asked()

@@ -1,0 +1,184 @@
+"""The shared PyTorch training pieces (crossdali.pytorch.training), in-process and fast: loss scaling
+under float16, safe checkpoint loading, atomic saves, the warm-up + cosine schedule across a resume,
+accuracy counts and top-k."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from crossdali.common.distributed import DistInfo  # noqa: E402
+from crossdali.common.metrics import MetricsWriter  # noqa: E402
+from crossdali.common.script import UsageError  # noqa: E402
+from crossdali.pytorch.distributed import Runtime  # noqa: E402
+from crossdali.pytorch.training import (  # noqa: E402
+    Checkpointer,
+    MixedPrecision,
+    StepTracker,
+    StopRequest,
+    TrainState,
+    accuracy_counts,
+    create_scheduler,
+    evaluate_classifier,
+    load_checkpoint,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = Runtime(dist=DistInfo(), device=torch.device("cpu"), engine="none")
+
+
+class _TinyLoss(torch.nn.Module):
+    """Cross-entropy times 1e-9: float16 gradients of this size flush to zero (float16's smallest
+    subnormal is 6e-8), as small gradients of a real model do under float16 autocast."""
+
+    def forward(self, output, target):
+        return torch.nn.functional.cross_entropy(output.float(), target) * 1e-9
+
+
+def _video_step_setup(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 8 * 8, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    clips = [(torch.randn(2, 3, 4, 8, 8), torch.tensor([0, 3]))]
+    return model, optimizer, scheduler, clips
+
+
+def test_float16_gradients_survive_through_the_video_script_step(tmp_path):
+    """The bug this fixes: video/train.py ran float16 autocast on CUDA and called loss.backward()
+    without a GradScaler. Here float16 autocast runs on the CPU through the video script's own
+    train_one_epoch: without scaling every gradient is exactly 0; with the shared step they are not."""
+    from crossdali.video.train import train_one_epoch
+
+    model, optimizer, scheduler, clips = _video_step_setup(tmp_path)
+    with torch.autocast("cpu", dtype=torch.float16):  # the old loop: autocast + plain backward
+        loss = _TinyLoss()(model(clips[0][0]), clips[0][1])
+    loss.backward()
+    assert model[1].weight.grad.abs().max() == 0  # underflowed: the old loop would never learn
+
+    model, optimizer, scheduler, clips = _video_step_setup(tmp_path)
+    before = model[1].weight.detach().clone()
+    amp = MixedPrecision(enabled=True, runtime=CPU, dtype=torch.float16)
+    assert amp.scaler.is_enabled()
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, amp=amp, loader=clips)
+    tracker = StepTracker(state, runtime=CPU, checkpointer=Checkpointer(tmp_path, runtime=CPU, meta={}, metric=None),
+                          metrics=MetricsWriter(None), stop=StopRequest(), epochs=1, print_freq=0)
+    stats = train_one_epoch(model, _TinyLoss(), optimizer, scheduler, clips, amp=amp, tracker=tracker, runtime=CPU)
+    assert stats["train_samples"] == 2
+    assert model[1].weight.grad.abs().max() > 0  # unscaled float32 gradients, not flushed to zero
+    assert not torch.equal(model[1].weight.detach(), before)
+    assert amp.scaler.get_scale() == 65536.0  # no inf/nan seen: the scale was kept
+
+
+def test_bfloat16_needs_no_scaler():
+    amp = MixedPrecision(enabled=True, runtime=CPU)
+    assert amp.dtype == torch.bfloat16 and not amp.scaler.is_enabled()
+    assert MixedPrecision(enabled=False, runtime=CPU).dtype is None
+
+
+class _Payload:
+    """Unpickling this runs ``touch <marker>``: what a malicious checkpoint can do with weights_only=False."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_checkpoint_with_pickled_object_is_refused(tmp_path):
+    marker, evil = tmp_path / "ran", tmp_path / "evil.pth"
+    torch.save({"model": {}, "config": _Payload(marker)}, evil)
+    with pytest.raises(UsageError, match=r"evil.pth holds pickled Python objects.*posix.system"):
+        load_checkpoint(evil)
+    assert not marker.exists()
+    # and the training script turns it into one line and exit 2, before touching any data
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "crossdali.pytorch.train_classification", "--data", str(tmp_path / "no"),
+                           "--resume", str(evil), "--output-dir", str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "evil.pth holds pickled Python objects" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_not_a_checkpoint_is_named(tmp_path):
+    (tmp_path / "notes.pth").write_text("not a checkpoint")
+    with pytest.raises(UsageError, match="notes.pth is not a readable PyTorch checkpoint"):
+        load_checkpoint(tmp_path / "notes.pth")
+    with pytest.raises(UsageError, match="missing.pth does not exist"):
+        load_checkpoint(tmp_path / "missing.pth")
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pth")
+    with pytest.raises(UsageError, match="not a training checkpoint"):
+        load_checkpoint(tmp_path / "other.pth")
+
+
+def test_checkpoint_round_trip_is_plain_and_atomic(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = create_scheduler(optimizer, epochs=2, steps_per_epoch=5, warmup_epochs=0.5)
+    loader = type("L", (), {"state_dict": lambda self: {"epoch": 1, "dali": b"\x00bytes"}})()
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
+                       amp=MixedPrecision(enabled=False, runtime=CPU), loader=loader, epoch=1, step=3, global_step=8)
+    ckpt = Checkpointer(tmp_path, runtime=CPU, metric="val_top1",
+                        meta={"arch": "x", "num_classes": 2, "class_names": ["a", "b"], "config": {"epochs": 2}})
+    assert ckpt.improved(state, {"val_top1": 50.0}) and not ckpt.improved(state, {"val_top1": 40.0})
+    ckpt.save(state, best=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_best.pth", "checkpoint_last.pth"]  # no temp left
+    loaded = load_checkpoint(tmp_path / "checkpoint_last.pth")  # weights_only=True
+    assert loaded["class_names"] == ["a", "b"] and loaded["config"] == {"epochs": 2}
+    assert (loaded["epoch"], loaded["step"], loaded["global_step"], loaded["best"]) == (1, 3, 8, 50.0)
+    assert loaded["ranks"][0]["loader"] == {"epoch": 1, "dali": b"\x00bytes"}
+
+
+def test_schedule_warms_up_decays_and_continues_after_a_resume():
+    def lrs(scheduler, optimizer, n):
+        out = []
+        for _ in range(n):
+            out.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)
+    full = lrs(create_scheduler(opt, epochs=2, steps_per_epoch=10, warmup_epochs=0.5), opt, 20)
+    assert full[0] == pytest.approx(0.1) and full[5] == pytest.approx(1.0)  # linear warm-up over 5 steps
+    assert all(a > b for a, b in zip(full[5:], full[6:])) and full[-1] < 0.02  # cosine towards 0
+    opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)
+    sched = create_scheduler(opt, epochs=2, steps_per_epoch=10, warmup_epochs=0.5)
+    first = lrs(sched, opt, 7)
+    state = {"scheduler": sched.state_dict(), "optimizer": opt.state_dict()}
+    opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)
+    sched = create_scheduler(opt, epochs=2, steps_per_epoch=10, warmup_epochs=0.5)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    assert first + lrs(sched, opt, 13) == full  # exactly the same rates
+
+
+def test_accuracy_counts_and_evaluation_top_k_only_below_the_class_count():
+    output = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1], [0.2, 0.3, 0.5]])
+    assert accuracy_counts(output, torch.tensor([1, 1, 0]), topk=(1, 2)) == [1, 2]
+    model = torch.nn.Identity()
+    stats = evaluate_classifier(model, torch.nn.CrossEntropyLoss(), [(output, torch.tensor([1, 0, 2]))],
+                                runtime=CPU, amp=MixedPrecision(enabled=False, runtime=CPU), num_classes=3)
+    assert stats["val_top1"] == 100.0 and stats["val_samples"] == 3
+    assert "val_top5" not in stats  # top-5 of 3 classes would always be 100 %
+
+
+def test_a_diverged_run_stops_with_one_line_naming_the_learning_rate(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
+    scheduler = create_scheduler(optimizer, epochs=1, steps_per_epoch=2, warmup_epochs=0)
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
+                       amp=MixedPrecision(enabled=False, runtime=CPU), loader=[])
+    tracker = StepTracker(state, runtime=CPU, checkpointer=Checkpointer(tmp_path, runtime=CPU, meta={}, metric=None),
+                          metrics=MetricsWriter(None), stop=StopRequest(), epochs=1)
+    with pytest.raises(UsageError, match=r"training loss is nan at epoch 1 \(peak learning rate 5\): lower --lr"):
+        tracker.end_epoch({"train_loss": float("nan"), "train_seconds": 1.0})
+    assert not (tmp_path / "checkpoint_last.pth").exists()  # a diverged state is not saved over the last good one
