@@ -61,8 +61,7 @@ def get_args_parser() -> argparse.ArgumentParser:
                        help="default: the first installed of pytorch, tensorflow, jax, mxnet that has this task")
 
     plot = sub.add_parser("plot", help="PNG of a run's curves from its metrics.jsonl", formatter_class=_Formatter)
-    plot.add_argument("run_dir", type=Path, help="a run folder (holds metrics.jsonl)")
-    plot.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN_DIR/curves.png)")
+    plot.add_argument("run_dir", type=Path, help="a run folder (holds metrics.jsonl); writes RUN_DIR/curves.png")
 
     bench = sub.add_parser("bench", help="run a benchmark of the source checkout (benchmarks/NAME.py)",
                            description="Runs benchmarks/NAME.py of the source checkout with the flags that follow "
@@ -85,12 +84,22 @@ def _default_framework(task: str) -> str:
 
 
 def _run_script(module_name: str, argv: list[str]) -> int:
+    """Run a script module's ``main`` under ``crossdali.common.script.run`` (a user's mistake is one
+    line and exit 2), or the module's own ``run(argv)`` where it has one."""
     module = importlib.import_module(module_name)
-    run = getattr(module, "run", None)  # scripts with their own error wrapper (one line + exit 2 for user errors)
-    if run is not None:
-        return run(argv) or 0
-    result = module.main(module.get_args_parser().parse_args(argv))
-    return result if isinstance(result, int) else 0
+    own_run = getattr(module, "run", None)
+    if callable(own_run) and own_run.__module__ == module.__name__:
+        return own_run(argv) or 0
+    from crossdali.common.script import run
+
+    result = {}
+
+    def main(args):
+        result["value"] = module.main(args)
+
+    run(main, module.get_args_parser(), argv)
+    value = result.get("value")
+    return value if isinstance(value, int) else 0
 
 
 def _train(args: argparse.Namespace, rest: list[str]) -> int:
@@ -176,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.run_dir / "metrics.jsonl").is_file():
             raise SystemExit(f"crossdali plot: {args.run_dir} has no metrics.jsonl; pass a run folder "
                              "(a training script's --output-dir, by default runs/<task>-<framework>-<arch>-<time>)")
-        print(plot_run(args.run_dir, out=args.out))
+        print(plot_run(args.run_dir))
         return 0
     parser.print_help()
     return 2
