@@ -335,11 +335,13 @@ def dumped_splits(out_dir: Path, name: str) -> list[str]:
     return [split for split in SPLIT_FIELDS if split in load_dump(Path(out_dir) / f"{name}.npz")[1]]
 
 
-def _first_images_difference(a: Batches, b: Batches) -> dict:
-    """Max / mean absolute difference of the images of two dumps of one split (same samples)."""
+def _first_images_difference(a: Batches, b: Batches, *, split: str) -> dict:
+    """Max / mean absolute difference of the images of two dumps of one split (same samples), and
+    whether the labels agree."""
     diffs = [np.abs(x[0].astype(np.float64) - y[0].astype(np.float64)) for x, y in zip(a, b)]
+    k = SPLIT_FIELDS[split].index("labels")
     return {"max_abs": float(max(d.max() for d in diffs)), "mean_abs": float(np.mean([d.mean() for d in diffs])),
-            "labels_equal": all(np.array_equal(x[1], y[1]) for x, y in zip(a, b))}
+            "labels_equal": all(np.array_equal(x[k], y[k]) for x, y in zip(a, b))}
 
 
 def gpu_parity(out_dir: Path, *, frameworks: Iterable[str], data: Path, video_data: Path | None,
@@ -382,7 +384,7 @@ def gpu_parity(out_dir: Path, *, frameworks: Iterable[str], data: Path, video_da
         if cpu["returncode"] == 0 and "pytorch" in dumped:
             _, gpu_batches = load_dump(folder / "pytorch.npz")
             _, cpu_batches = load_dump(out_dir / "cpu" / "pytorch.npz")
-            config["gpu_vs_cpu"] = {split: _first_images_difference(gpu_batches[split], cpu_batches[split])
+            config["gpu_vs_cpu"] = {split: _first_images_difference(gpu_batches[split], cpu_batches[split], split=split)
                                     for split in gpu_batches if split in cpu_batches}
         summary["configs"].append(config)
     summary["cpu_reference"] = cpu

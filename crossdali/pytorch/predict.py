@@ -18,6 +18,7 @@ for a list, ``submit(image)`` from any thread (requests that arrive together run
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import pickle
@@ -143,6 +144,12 @@ class Predictor:
                                   device_id=self.device.index if gpu else None, num_threads=max(1, workers))
         transform = ClassificationTransform(crop_size=crop_size, resize_size=resize_size)
         self.pipeline = InferencePipeline(options=options, transform=transform)
+        first = next(model.parameters(), None)
+        if first is not None and first.device != self.device:
+            # .to() moves a module in place: a model shared with another Predictor (or the caller's own
+            # code) on another device would be moved under it (found on the H100: a CPU Predictor built
+            # after a CUDA one pulled the shared weights back to the CPU)
+            model = copy.deepcopy(model)
         self.model = model.to(self.device).eval()
         self.class_names, self.max_batch_size = list(class_names), max_batch_size
         self._lock = threading.Lock()  # one DALI pipeline: one batch at a time

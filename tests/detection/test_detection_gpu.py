@@ -22,9 +22,9 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 # SSD300 / ResNet-18 from random weights, 60 epochs of the 256-image small sample set, batch 32.
-# Not yet measured when written: a guess that should hold with a wide margin (objects are whole
-# photos pasted on textures); lower it only with the measured value in this comment.
-MAP50_THRESHOLD = 0.20
+# Measured on the H100: mAP@0.5 0.95 (2026-11-22) and 0.91 (2026-11-23, results/gpu_tests/); the
+# threshold leaves room for seed-to-seed spread, not for a broken pipeline (random boxes score ~0).
+MAP50_THRESHOLD = 0.75
 
 
 @pytest.mark.parametrize("hw_decoder_load", [0.0, 1.0])
