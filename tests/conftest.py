@@ -2,6 +2,10 @@
 
 The sample set is built once per data root (``$CROSSDALI_DATA``, which nox points at
 ``.cache/data`` for all sessions) so every framework reads the very same JPEG bytes.
+
+Subprocesses (training scripts, launchers, benchmarks) must run this checkout's code: the
+repository goes first on ``PYTHONPATH`` here, once for the whole session, so a test passes
+``os.environ`` (plus its own variables) and never builds that path itself.
 """
 
 from __future__ import annotations
@@ -11,6 +15,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_paths = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, _paths)))  # repository first, no repeats
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The checkout the tests run (the working directory of the scripts they start)."""
+    return ROOT
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from crossdali.common.metrics import read_metrics
+
 torch = pytest.importorskip("torch")
 
 pytestmark = [
@@ -20,7 +22,6 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 # SSD300 / ResNet-18 from random weights, 60 epochs of the 256-image small sample set, batch 32.
 # Measured on the H100: mAP@0.5 0.95 (2026-11-22) and 0.91 (2026-11-23, results/gpu_tests/); the
 # threshold leaves room for seed-to-seed spread, not for a broken pipeline (random boxes score ~0).
@@ -69,10 +70,10 @@ def test_gpu_training_reaches_map(tmp_path):
     cmd = [sys.executable, "-m", "crossdali.detection_ssd.train", "--sample-size", "small", "--arch", "resnet18",
            "-b", "32", "--epochs", "60", "--lr", "0.02", "--lr-warmup-epochs", "2", "--amp", "--eval-every", "20",
            "-j", "8", "--print-freq", "0", "--data-backend", "dali-gpu", "--output-dir", str(out)]
-    proc = subprocess.run(cmd, env={**os.environ, "CROSSDALI_DATA": str(data), "PYTHONPATH": PYTHONPATH},
+    proc = subprocess.run(cmd, env={**os.environ, "CROSSDALI_DATA": str(data)},
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out)
     evals = [r for r in records if "val_map50" in r]
     print(json.dumps(evals, indent=1))
     first_loss = next(r["train_loss"] for r in records if r.get("event") == "epoch")

@@ -25,7 +25,6 @@ pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.slow, pytest.mark.pytorch]
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 PROBE = Path(__file__).with_name("dp_probe.py")
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 # A short run: 1 epoch of ResNet-18 at 32 px on the tiny set (264 train, 55 val samples, 11 classes).
@@ -50,7 +49,7 @@ def _command(launcher: str, *args: str) -> list[str]:
 
 
 def _run(launcher: str, *args: str, data_root: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(_command(launcher, *args), env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{launcher} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -124,7 +123,7 @@ def test_two_rank_training_matches_single_process_evaluation(tmp_path, data_root
 def test_horovodrun_without_horovod_in_the_job_fails_clearly(tmp_path, data_root):
     """HOROVOD_RANK set (as horovodrun does) but horovod.torch not importable: a clear error, not a
     silent single-process run on every rank."""
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0"}
+    env = {**os.environ, "HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0"}
     code = ("import sys; sys.modules['horovod'] = None\n"  # what a Python without Horovod sees
             "from crossdali.pytorch.distributed import init_distributed\ninit_distributed()")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

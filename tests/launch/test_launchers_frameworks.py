@@ -23,7 +23,6 @@ from crossdali.common.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 COMMON = ["-b", "16", "--epochs", "1", "-j", "1", "--print-freq", "0", "--lr-warmup-epochs", "0.5"]
 FRAMEWORKS = {
@@ -46,7 +45,7 @@ def _horovod_built_for(framework: str) -> bool:
 
 
 def _run(command: list[str], data_root: Path) -> None:
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "1",
            "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{command[:6]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -4,7 +4,6 @@ across the ranks. Short runs on tiny sample sets (one epoch)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from crossdali.common.metrics import read_metrics
+
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.slow, pytest.mark.pytorch]
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 
@@ -25,14 +25,14 @@ def _horovodrun(*args: str, data_root: Path) -> None:
         if os.environ.get("CROSSDALI_REQUIRE_HOROVOD") == "1":
             pytest.fail("CROSSDALI_REQUIRE_HOROVOD=1 but Horovod is not installed: run scripts/install-horovod")
         pytest.skip("Horovod is not installed in this environment: scripts/install-horovod (nox -s tests-horovod)")
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([str(HOROVODRUN), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *args],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"horovodrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 def _records(output_dir: Path) -> tuple[dict, list[dict]]:
-    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(output_dir)
     starts = [r for r in records if r["event"] == "start"]
     assert len(starts) == 1, records  # rank 0 alone writes
     return starts[0], [r for r in records if r["event"] == "epoch"]

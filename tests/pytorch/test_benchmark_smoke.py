@@ -17,11 +17,10 @@ pytest.importorskip("matplotlib")
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 
 
 def _run(module: str, out: Path, data_root: Path, *extra: str) -> dict:
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
     proc = subprocess.run([sys.executable, "-m", module, "--smoke", "--out", str(out), *extra], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -43,7 +42,7 @@ def test_classification_benchmark_smoke(tmp_path, data_root):
     assert report["speedup_vs_native"]["torchvision decode_image + v2 (native)"] == pytest.approx(1.0)
 
     proc = subprocess.run([sys.executable, "-m", "benchmarks.plot", str(tmp_path / "classification_loaders.json")],
-                          env={**os.environ, "PYTHONPATH": PYTHONPATH}, cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ}, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "classification_loaders.png").stat().st_size > 10_000

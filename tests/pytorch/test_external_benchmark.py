@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_external_source_benchmark_smoke(tmp_path, data_root):
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
     # 29 s here on the shared 2 cores: the timeout is 10x that
     proc = subprocess.run([sys.executable, "-m", "benchmarks.external_source", "--smoke", "--out", str(tmp_path)],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -269,8 +269,7 @@ def test_inference_benchmark_smoke(tmp_path, data_root):
 
     pytest.importorskip("matplotlib")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
     # 20-80 s here on the shared 2 cores: the timeout is 7x the slowest
     proc = subprocess.run([sys.executable, "-m", "benchmarks.inference", "--smoke", "--out", str(tmp_path)],
                           env=env, cwd=root, capture_output=True, text=True, timeout=600)

@@ -18,7 +18,6 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 # 11 classes: chance is 9.1 %. Three epochs of ResNet-18 at 64 px reached 70.9 % top-1 here.
 TOP1_THRESHOLD = 40.0
 TRAIN = [sys.executable, "-m", "crossdali.pytorch.train_classification", "--sample-size", "tiny", "--arch",
@@ -27,7 +26,7 @@ TRAIN = [sys.executable, "-m", "crossdali.pytorch.train_classification", "--samp
 
 
 def _env(data_root) -> dict[str, str]:
-    return {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
+    return {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
 
 
 def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification):

@@ -24,7 +24,6 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 PROBE = Path(__file__).with_name("resume_probe.py")
 # 64 train samples, batch 8: 8 steps per epoch in one process, 4 per rank under 2 ranks (DROP)
 TRAIN = ["--data-format", "filelist", "--arch", "resnet18", "--crop-size", "32", "-b", "8", "--epochs", "2",
@@ -51,7 +50,7 @@ def _probe(log: Path, out: Path, data: Path, *extra: str, kill_at: int = 0, sign
         else [sys.executable]
     cmd = [*launcher, str(PROBE), str(log), str(kill_at), signal, str(kill_rank), "--", *TRAIN, "--data", str(data),
            "--output-dir", str(out), *extra]
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1" if torchrun else "2"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1" if torchrun else "2"}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 
 #: Script module -> the framework it needs (the TensorFlow and MXNet scripts skip where it is absent).
 SCRIPTS = {
@@ -72,7 +71,7 @@ def test_unknown_arch_is_refused_with_the_choices(module, good, capsys):
 
 
 def _run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
+    env = {**os.environ}
     return subprocess.run([sys.executable, "-m", "crossdali.pytorch.train_classification", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 

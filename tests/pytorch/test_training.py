@@ -99,7 +99,7 @@ def test_checkpoint_with_pickled_object_is_refused(tmp_path):
         load_checkpoint(evil)
     assert not marker.exists()
     # and the training script turns it into one line and exit 2, before touching any data
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ}
     proc = subprocess.run([sys.executable, "-m", "crossdali.pytorch.train_classification", "--data", str(tmp_path / "no"),
                            "--resume", str(evil), "--output-dir", str(tmp_path / "out")],
                           env=env, capture_output=True, text=True, timeout=300)

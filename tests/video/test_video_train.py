@@ -3,9 +3,9 @@ checkpoint evaluates to the same top-1 with --test-only."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from crossdali.common.metrics import read_metrics
 
 #: Chance is 25 % (4 balanced classes). 60 % on 40 val clips is beyond any luck (p < 1e-6 for a
 #: guesser) and is reached after about 5 epochs; 6 epochs measured 82.5 % here.
@@ -24,7 +24,7 @@ def test_video_training_beats_chance(tiny_video, tmp_path):
     stats = main(args)
     assert stats["val_samples"] == 40  # 20 val files x 2 clips, each once
     assert stats["val_top1"] >= MIN_VAL_TOP1, stats
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path)
     epochs = [r for r in records if r["event"] == "epoch"]
     assert [r["epoch"] for r in epochs] == [1, 2, 3, 4, 5, 6]
     assert all("val_top5" not in r for r in epochs)  # 4 classes: top-5 would always be 100 %
@@ -50,7 +50,7 @@ def test_video_training_with_float16_on_cuda(gpu_video, tmp_path):
     stats = main(get_args_parser().parse_args([
         "--data", str(gpu_video), "--data-backend", "dali-gpu", "--amp", "--epochs", "3", "-b", "8", "--clip-len", "8",
         "--frame-stride", "2", "--crop-size", "112", "-j", "2", "--engine", "none", "--output-dir", str(tmp_path)]))
-    epochs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    epochs = read_metrics(tmp_path)
     epochs = [r for r in epochs if r["event"] == "epoch"]
     assert stats["val_samples"] > 0 and epochs[-1]["train_loss"] < epochs[0]["train_loss"], epochs
     ckpt = torch.load(tmp_path / "checkpoint_last.pth", weights_only=True)
