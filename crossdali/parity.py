@@ -39,7 +39,9 @@ import numpy as np
 
 __all__ = ["DumpConfig", "DUMPERS", "ParityError", "dump", "compare", "load_dump", "mark_session_started", "gpu_parity"]
 
-SPLITS = ("train", "val")
+#: Classification: the first batches of the train pipeline's first and second epochs (DALI reshuffles
+#: every epoch: the second must agree too) and of val.
+SPLITS = ("train", "train_epoch2", "val")
 #: Video clip batches (``crossdali.common.video``, NCFHW), dumped by the frameworks that have a video
 #: wrapper when ``DumpConfig.video_data`` is set; compared among the dumps that hold them.
 VIDEO_SPLITS = ("video_train", "video_val")
@@ -47,7 +49,7 @@ VIDEO_SPLITS = ("video_train", "video_val")
 DETECTION_SPLITS = ("detection_train", "detection_val")
 #: The arrays of one batch, per split, in the order the loaders yield them.
 SPLIT_FIELDS = {
-    "train": ("images", "labels"), "val": ("images", "labels"),
+    "train": ("images", "labels"), "train_epoch2": ("images", "labels"), "val": ("images", "labels"),
     "video_train": ("images", "labels"), "video_val": ("images", "labels"),
     "detection_train": ("images", "offsets", "labels"),
     "detection_val": ("images", "boxes", "labels", "image_ids"),
@@ -105,6 +107,16 @@ def _take(loader: Iterable, count: int, to_numpy: Callable, *, channels_last: bo
     return out
 
 
+def _two_epochs(loader: Iterable, count: int, to_numpy: Callable) -> tuple[list, list]:
+    """The first ``count`` batches of two consecutive epochs, as numpy copies taken at once (a
+    framework iterator may reuse its buffers); each epoch is iterated to its end: one ``for`` is one
+    epoch for every crossdali loader."""
+    def first_batches():
+        return [tuple(np.array(to_numpy(t)) for t in batch) for i, batch in enumerate(loader) if i < count]
+
+    return first_batches(), first_batches()
+
+
 def _classification_kwargs(cfg: DumpConfig) -> dict:
     return {"backend": cfg.backend, "batch_size": cfg.batch_size, "crop_size": cfg.crop_size, "workers": cfg.workers,
             "seed": cfg.seed, "hw_decoder_load": cfg.hw_decoder_load}
@@ -119,10 +131,15 @@ def _dump_wrapper(cfg: DumpConfig, module, to_numpy: Callable, *, classification
                   channels_last: bool) -> dict[str, Batches]:
     """Classification, and video / detection where ``module`` has their factories."""
     result = {}
-    for split in SPLITS:
-        loader = module.create_classification_loader(cfg.data, train=split == "train", **_classification_kwargs(cfg),
+    for train in (True, False):
+        loader = module.create_classification_loader(cfg.data, train=train, **_classification_kwargs(cfg),
                                                      **classification_layout)
-        result[split] = _take(loader, cfg.batches, to_numpy, channels_last=channels_last, split=split)
+        if train:
+            first, second = _two_epochs(loader, cfg.batches, to_numpy)
+            result["train"] = _take(first, cfg.batches, np.asarray, channels_last=channels_last, split="train")
+            result["train_epoch2"] = _take(second, cfg.batches, np.asarray, channels_last=channels_last, split="train")
+        else:
+            result["val"] = _take(loader, cfg.batches, to_numpy, channels_last=channels_last, split="val")
     if cfg.video_data and hasattr(module, "create_video_loader"):
         for split in VIDEO_SPLITS:
             loader = module.create_video_loader(cfg.video_data, train=split == "video_train", **_video_kwargs(cfg))
@@ -156,12 +173,17 @@ def _dump_jax(cfg: DumpConfig) -> dict[str, Batches]:
 def _dump_mxnet(cfg: DumpConfig) -> dict[str, Batches]:
     from crossdali.mxnet import create_classification_loader  # defer: mxnet (its own env: numpy 1.23)
 
-    result = {}
-    for split in SPLITS:
-        it = create_classification_loader(cfg.data, train=split == "train", **_classification_kwargs(cfg))
-        n = cfg.batch_size
-        rows = ((b.data[0][: n - b.pad], b.label[0][: n - b.pad]) for b in it)  # MXNet's padded last batch
-        result[split] = _take(rows, cfg.batches, lambda a: a.asnumpy(), channels_last=False, split=split)
+    result, n = {}, cfg.batch_size
+
+    def rows(it):  # MXNet's padded last batch, cut; copied at once
+        return [(b.data[0][: n - b.pad].asnumpy(), b.label[0][: n - b.pad].asnumpy()) for b in it]
+
+    train = create_classification_loader(cfg.data, train=True, **_classification_kwargs(cfg))
+    first, second = rows(train), rows(train)  # one `for` per epoch, as every crossdali loader
+    result["train"] = _take(first, cfg.batches, np.asarray, channels_last=False, split="train")
+    result["train_epoch2"] = _take(second, cfg.batches, np.asarray, channels_last=False, split="train")
+    val = create_classification_loader(cfg.data, train=False, **_classification_kwargs(cfg))
+    result["val"] = _take(rows(val), cfg.batches, np.asarray, channels_last=False, split="val")
     return result
 
 

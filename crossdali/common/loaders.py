@@ -80,8 +80,8 @@ class SplitPlan:
         return self.source.num_classes
 
     def pipeline_options(self, *, workers: int = 4, seed: int = 0, device_id: int | None = None,
-                         hw_decoder_load: float = 1.0, checkpointing: bool = False,
-                         checkpoint: str | None = None) -> PipelineOptions:
+                         hw_decoder_load: float = 1.0, checkpointing: bool = True,
+                         checkpoint: bytes | None = None) -> PipelineOptions:
         """``PipelineOptions`` for this split's DALI backend (see ``crossdali.common.options.pipeline_options``)."""
         return pipeline_options(self.backend, batch_size=self.batch_size, dist=self.dist, device_id=device_id,
                                 workers=workers, seed=seed, hw_decoder_load=hw_decoder_load,

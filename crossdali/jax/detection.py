@@ -46,7 +46,7 @@ def create_detection_loader(
     hw_decoder_load: float = 1.0,
     transform: DetectionTransform | None = None,
     last_batch: str | None = None,
-    checkpointing: bool = False,
+    checkpointing: bool = True,
 ) -> DALILoader:
     """An iterable of SSD300 train or val batches (see the module docstring) over a COCO-format folder.
 

@@ -216,7 +216,7 @@ def create_classification_loader(
     hw_decoder_load: float = 1.0,
     layout: str = "HWC",
     last_batch: str | None = None,
-    checkpointing: bool = False,
+    checkpointing: bool = True,
 ):
     """An iterable of ``(images, labels)`` ``jax.Array`` batches for the train or val split of ``data``.
 

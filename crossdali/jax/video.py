@@ -51,7 +51,7 @@ def create_video_loader(
     last_batch: str | None = None,
     with_frame_num: bool = False,
     validate: bool = True,
-    checkpointing: bool = False,
+    checkpointing: bool = True,
 ) -> DALILoader:
     """An iterable of ``(clips, labels)`` for the train or val split of ``data``.
 

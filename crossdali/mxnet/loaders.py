@@ -376,7 +376,7 @@ def create_classification_loader(
     dtype: str = "float32",
     hw_decoder_load: float = 1.0,
     last_batch: str | None = None,
-    checkpointing: bool = False,
+    checkpointing: bool = True,
 ) -> mx.io.DataIter:
     """An ``mx.io.DataIter`` over the train or val split of ``data``; same arguments as
     ``crossdali.pytorch.create_classification_loader``.

@@ -144,7 +144,7 @@ def create_detection_loader(
     transform: DetectionTransform | None = None,
     last_batch: str | None = None,
     debug: bool = False,
-    checkpointing: bool = False,
+    checkpointing: bool = True,
 ):
     """An iterable of SSD300 train or val batches (see the module docstring) over a COCO-format folder.
 

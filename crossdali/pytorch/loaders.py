@@ -239,7 +239,7 @@ def create_classification_loader(
     dtype: str = "float32",
     hw_decoder_load: float = 1.0,
     last_batch: str | None = None,
-    checkpointing: bool = False,
+    checkpointing: bool = True,
 ):
     """An iterable of ``(images, labels)`` for the train or val split of ``data``.
 

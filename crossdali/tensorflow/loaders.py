@@ -232,7 +232,7 @@ class DALILoader:
                  names: tuple[str, ...], output_shapes, output_dtypes, reader_name: str,
                  explain: Callable[[Exception], Exception], flatten: tuple[str, ...] = ("labels",),
                  twin_on_cpu: bool = True, host_outputs: bool = False) -> None:
-        if options.checkpointing:
+        if options.checkpoint is not None:
             raise ValueError(NO_DALI_CHECKPOINTS)
         self.plan, self.source, self.policy, self.backend = plan, plan.source, plan.policy, plan.backend
         self.batch_size, self.num_classes = options.batch_size, plan.num_classes

@@ -178,3 +178,29 @@ def test_corrupt_jpeg_named_at_decode_time(tmp_path, tiny_classification):
         pipe.run()
     err = explain_decode_failure(source, info.value)
     assert isinstance(err, DataError) and str(bad) in str(err)
+
+
+def _epoch_labels(source, *, checkpointing: bool, epochs: int = 2, batch_size: int = 32) -> list[list[int]]:
+    pipe = create_classification_pipeline(
+        source, train=True, options=PipelineOptions(batch_size=batch_size, num_threads=2, seed=3,
+                                                    checkpointing=checkpointing),
+        transform=ClassificationTransform(crop_size=CROP))
+    pipe.build()
+    steps = -(-source.num_samples // batch_size)  # the reader pads the last batch of each epoch
+    out = []
+    for _ in range(epochs):
+        labels = [int(x) for _ in range(steps) for x in np.array(pipe.run()[1].as_tensor()).ravel()]
+        out.append(labels[: source.num_samples])
+    return out
+
+
+def test_checkpointing_is_on_by_default_because_it_changes_later_epochs(indexed_val_source):
+    """DALI's shuffle_after_epoch orders epochs 2+ differently with checkpointing on (the first epoch
+    is the same): every framework's pipelines turn it on, so all of them see the same epochs."""
+    assert PipelineOptions().checkpointing
+    source = indexed_val_source  # labels = sample indices
+    with_ckpt, without = _epoch_labels(source, checkpointing=True), _epoch_labels(source, checkpointing=False)
+    for epoch in with_ckpt + without:
+        assert sorted(epoch) == list(range(source.num_samples))  # each epoch: every sample once
+    assert with_ckpt[0] == without[0]
+    assert with_ckpt[1] != without[1]
