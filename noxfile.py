@@ -102,7 +102,7 @@ def tests_horovod(session: nox.Session) -> None:
     # --cpu: Gloo only (no GPU here); one CUDA arch for the kernels a CUDA build of torch pulls in
     session.run("bash", "scripts/install-horovod", "--pytorch", "--cpu", external=True,
                 env={"PYTHON": str(Path(session.bin) / "python"), "HOROVOD_BUILD_CUDA_CC_LIST": "90"})
-    args = session.posargs or ["tests/launch", "tests/test_docker.py", "-m", "not gpu"]
+    args = session.posargs or ["tests/launch", "tests/test_docker.py", "tests/test_readme.py", "-m", "not gpu"]
     session.run("python", "-m", "pytest", *args, env={**_env(), "CROSSDALI_REQUIRE_HOROVOD": "1"})
 
 

@@ -10,6 +10,7 @@ repository goes first on ``PYTHONPATH`` here, once for the whole session, so a t
 
 from __future__ import annotations
 
+import ast
 import os
 from collections import Counter
 from pathlib import Path
@@ -66,3 +67,40 @@ def _assert_epoch_coverage(seen_per_shard: list[list[int]], num_samples: int) ->
 def assert_epoch_coverage():
     """The one check of "every sample exactly once across all shards" used for every framework."""
     return _assert_epoch_coverage
+
+
+HOROVOD_SCRIPT = "scripts/install-horovod"
+
+
+def _nox_installs(session_name: str) -> set[tuple[str, tuple[str, ...]]]:
+    """The requirement files (with pip flags) a noxfile session installs, read from its source."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        names = {node.name.replace("_", "-")}
+        for deco in node.decorator_list:
+            if isinstance(deco, ast.Call):
+                names |= {kw.value.value for kw in deco.keywords if kw.arg == "name"}
+        if session_name not in names:
+            continue
+        files: set[tuple[str, tuple[str, ...]]] = set()
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            args = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            func = ast.unparse(call.func)
+            if func == "_install":
+                files.add((f"requirements/{args[0]}.txt", ()))
+            elif func == "session.install":
+                flags = tuple(sorted(a for a in args if a in ("--no-build-isolation", "--no-deps")))
+                files |= {(args[i + 1], flags) for i, a in enumerate(args) if a == "-r"}
+            elif func == "session.run" and any(HOROVOD_SCRIPT in a for a in args):
+                files.add(("requirements/horovod.txt", ()))
+        return files
+    raise LookupError(f"noxfile.py has no session {session_name!r}")
+
+
+@pytest.fixture(scope="session")
+def nox_installs():
+    """``nox_installs(session) -> {(requirement file, pip flags)}``: what a noxfile session installs,
+    read from its source (the Dockerfiles and the README's install lines are checked against it)."""
+    return _nox_installs

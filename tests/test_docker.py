@@ -10,7 +10,6 @@ TensorFlow plugin); a bare package on a ``pip install`` line is an error unless 
 
 from __future__ import annotations
 
-import ast
 import re
 import shlex
 import shutil
@@ -105,39 +104,12 @@ def docker_installs(dockerfile: Path) -> tuple[set[tuple[str, tuple[str, ...]]],
     return files, extras
 
 
-def nox_installs(session_name: str) -> set[tuple[str, tuple[str, ...]]]:
-    """The requirement files (with pip flags) a noxfile session installs, read from its source."""
-    tree = ast.parse((ROOT / "noxfile.py").read_text())
-    for node in tree.body:
-        if not isinstance(node, ast.FunctionDef):
-            continue
-        names = {node.name.replace("_", "-")}
-        for deco in node.decorator_list:
-            if isinstance(deco, ast.Call):
-                names |= {kw.value.value for kw in deco.keywords if kw.arg == "name"}
-        if session_name not in names:
-            continue
-        files: set[tuple[str, tuple[str, ...]]] = set()
-        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
-            args = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            func = ast.unparse(call.func)
-            if func == "_install":
-                files.add((f"requirements/{args[0]}.txt", ()))
-            elif func == "session.install":
-                flags = tuple(sorted(a for a in args if a in ("--no-build-isolation", "--no-deps")))
-                files |= {(args[i + 1], flags) for i, a in enumerate(args) if a == "-r"}
-            elif func == "session.run" and any(HOROVOD_SCRIPT in a for a in args):
-                files.add(("requirements/horovod.txt", ()))
-        return files
-    raise LookupError(f"noxfile.py has no session {session_name!r}")
-
-
 def test_every_framework_has_a_dockerfile():
     assert [p.parent.name for p in DOCKERFILES] == sorted(SESSIONS)
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
-def test_dockerfile_installs_exactly_the_tested_requirement_files(dockerfile):
+def test_dockerfile_installs_exactly_the_tested_requirement_files(dockerfile, nox_installs):
     framework = dockerfile.parent.name
     installed, extras = docker_installs(dockerfile)
     expected = {(file, flags) for s in SESSIONS[framework] for file, flags in nox_installs(s)
@@ -159,7 +131,7 @@ def test_dockerfile_installs_exactly_the_tested_requirement_files(dockerfile):
             f"{_requirement_pin(file, package)}")
 
 
-def test_drift_check_catches_a_missing_and_an_extra_requirement(tmp_path):
+def test_drift_check_catches_a_missing_and_an_extra_requirement(tmp_path, nox_installs):
     """The check itself: a Dockerfile that skips the plugin step and adds a package is reported."""
     bad = tmp_path / "tensorflow" / "Dockerfile"
     bad.parent.mkdir()
