@@ -26,7 +26,7 @@ from pathlib import Path
 from crossdali.common.sample_data import SIZES
 from crossdali.common.script import UsageError
 
-__all__ = ["TrainArgumentParser", "create_parser", "add_data_args", "add_model_args", "add_optimizer_args",
+__all__ = ["TrainArgumentParser", "create_parser", "log_accepted_flags", "add_data_args", "add_model_args", "add_optimizer_args",
            "add_classification_data_args", "add_run_args", "resolve_backend", "positive_int", "non_negative_int"]
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,11 @@ def add_data_args(parser: argparse.ArgumentParser, *, backends: Sequence[str], d
     if hw_decoder_load:
         group.add_argument("--hw-decoder-load", type=_unit_float, default=1.0,
                            help="share of JPEGs for the hardware decoder (dali-gpu)")
+    group.add_argument("--exclude", type=Path, default=None, metavar="FILE",
+                       help="samples to leave out: the exclude.txt that `crossdali check` writes (logged, never silent)")
+    group.add_argument("--skip-check", action="store_true",
+                       help="skip the fast data check before training (cached by path, size and mtime, so a second "
+                            "start is quick); a bad sample then stops training inside DALI")
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, arch: str, arches: Sequence[str] | None = None,
@@ -164,8 +169,11 @@ def add_classification_data_args(parser: argparse.ArgumentParser, *, backends: t
 def add_run_args(parser: argparse.ArgumentParser, *, engines: Sequence[str], engine_help: str = "gradient averaging",
                  resume_help: str = "checkpoint to resume from", print_freq: int = 10, amp: bool = False,
                  amp_help: str = "mixed precision (float16 + loss scaling on GPU, bfloat16 on CPU)",
-                 channels_last: bool = False, checkpoint_every: bool = False, run_dir: bool = False,
-                 debug: bool = False) -> None:
+                 channels_last: bool = False, channels_last_help: str = "NHWC memory format for the model",
+                 checkpoint_every: bool = False, checkpoint_every_default: int = 1000,
+                 checkpoint_every_help: str = "also save checkpoint_last every N steps (0: only at epoch ends and on "
+                                              "SIGTERM/SIGINT)",
+                 run_dir: bool = False, debug: bool = False) -> None:
     """Engine, precision, checkpoints, logging and evaluation-only flags.
 
     ``amp``/``channels_last``/``checkpoint_every``/``debug`` add those flags where the script
@@ -177,7 +185,7 @@ def add_run_args(parser: argparse.ArgumentParser, *, engines: Sequence[str], eng
     if amp:
         group.add_argument("--amp", action="store_true", help=amp_help)
     if channels_last:
-        group.add_argument("--channels-last", action="store_true", help="NHWC memory format for the model")
+        group.add_argument("--channels-last", action="store_true", help=channels_last_help)
     group.add_argument("--resume", type=Path, default=None, help=resume_help)
     group.add_argument("--test-only", action="store_true", help="only evaluate (the --resume checkpoint's weights)")
     output_help = "checkpoints, metrics.jsonl and the plot go here"
@@ -185,8 +193,8 @@ def add_run_args(parser: argparse.ArgumentParser, *, engines: Sequence[str], eng
         output_help += "; default: the --resume checkpoint's folder, else runs/<task>-<framework>-<arch>-<time>"
     group.add_argument("--output-dir", type=Path, default=None, help=output_help)
     if checkpoint_every:
-        group.add_argument("--checkpoint-every", type=non_negative_int, default=1000,
-                           help="also save checkpoint_last every N steps (0: only at epoch ends and on SIGTERM/SIGINT)")
+        group.add_argument("--checkpoint-every", type=non_negative_int, default=checkpoint_every_default,
+                           help=checkpoint_every_help)
     group.add_argument("--seed", type=int, default=0, help="fixes the weights, the data order and the augmentation")
     group.add_argument("--print-freq", type=non_negative_int, default=print_freq,
                        help="steps between progress lines in logs (0: none)")
@@ -208,3 +216,13 @@ def resolve_backend(requested: str, *, gpu: str | None, gpu_note: str = "DALI mi
         raise UsageError("--data-backend dali-gpu needs a CUDA GPU and none is visible; use --data-backend dali-cpu")
     log.info("data backend: %s", requested)
     return requested
+
+
+def log_accepted_flags(args: argparse.Namespace, *, channels_last: str | None = None,
+                       checkpoint_every: str | None = None) -> None:
+    """One start-up line for each shared flag a framework's script accepts but does not act on, so
+    the same command line runs everywhere and nobody is left guessing what it did."""
+    if channels_last and getattr(args, "channels_last", False):
+        log.info("--channels-last: %s", channels_last)
+    if checkpoint_every and getattr(args, "checkpoint_every", 0):
+        log.warning("--checkpoint-every %d: %s", args.checkpoint_every, checkpoint_every)

@@ -132,8 +132,9 @@ def load_data(args, runtime: Runtime, backend: str):
     data = args.data
     if data is None:
         data = build_on_rank0(runtime, lambda: ensure_detection(size=args.sample_size))
-    train_src = resolve_detection_source(data, "train")
-    val_src = resolve_detection_source(data, "val")
+    check = dict(exclude=args.exclude, validate=not args.skip_check)
+    train_src = resolve_detection_source(data, "train", **check)
+    val_src = resolve_detection_source(data, "val", **check)
     if train_src.categories != val_src.categories:
         raise UsageError(f"{train_src.annotations_file} and {val_src.annotations_file} list different categories; "
                          "training labels would not match")

@@ -29,8 +29,9 @@ from flax.training import train_state
 from crossdali.common.distributed import detect_distributed
 from crossdali.common.metrics import MetricsWriter, format_epoch_line
 from crossdali.common.sample_data import ensure_classification
+from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import add_classification_data_args
+from crossdali.common.train_args import add_classification_data_args, add_run_args, create_parser, log_accepted_flags
 from crossdali.jax.loaders import BACKENDS, create_classification_loader
 from crossdali.jax.models import ARCHS, create_model
 
@@ -40,16 +41,18 @@ CHECKPOINT = "checkpoint.msgpack"
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="crossdali JAX/flax classification training", add_help=add_help)
+    parser = create_parser("crossdali JAX/flax classification training", add_help=add_help)
     add_classification_data_args(parser, backends=BACKENDS, arch="resnet50",
                                  arch_help=f"one of {', '.join(sorted(ARCHS))} (small_cnn: tests)",
                                  workers_help="DALI threads")
-    parser.add_argument("--amp", action="store_true", help="compute in bfloat16 (weights and loss stay float32)")
-    parser.add_argument("--resume", type=Path, default=None, help=f"{CHECKPOINT} (or its folder) to resume from")
-    parser.add_argument("--output-dir", type=Path, default=None, help=f"{CHECKPOINT} and metrics.jsonl go here")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--print-freq", type=int, default=10, help="steps between progress lines")
-    parser.add_argument("--test-only", action="store_true", help="only evaluate (with --resume)")
+    add_run_args(parser, engines=["auto", "none"], amp=True, amp_help="compute in bfloat16 (weights and loss stay float32)",
+                 engine_help="one process only (jax.distributed is not wired): auto and none are the same",
+                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: the flax "
+                                                        "models here are NHWC already",
+                 checkpoint_every=True, checkpoint_every_default=0,
+                 checkpoint_every_help=f"accepted for the PyTorch script's command lines; the JAX script saves "
+                                       f"{CHECKPOINT} at epoch ends only",
+                 debug=True, resume_help=f"{CHECKPOINT} (or its folder) to resume from")
     return parser
 
 
@@ -130,8 +133,9 @@ def load_data(args, backend: str):
     data = args.data if args.data is not None else ensure_classification(size=args.sample_size) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, hw_decoder_load=args.hw_decoder_load, layout="HWC")
-    train_src = resolve_source(data, "train", format=args.data_format)
-    val_src = resolve_source(data, "val", format=args.data_format)
+    check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
+    train_src = resolve_source(data, "train", **check)
+    val_src = resolve_source(data, "val", **check)
     train_loader = create_classification_loader(train_src, train=True, checkpointing=backend != "synthetic", **common)
     val_loader = create_classification_loader(val_src, train=False, **common)
     num_classes = args.num_classes or train_src.num_classes
@@ -165,6 +169,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     backend = _choose_backend(args.data_backend)
     device = jax.devices()[0]
     log.info("JAX %s on %s", jax.__version__, device)
+    log_accepted_flags(args, channels_last="the flax models here are NHWC already",
+                       checkpoint_every=f"the JAX script saves {CHECKPOINT} at epoch ends only; a run killed "
+                                        "mid-epoch redoes that epoch")
     train_loader, val_loader, num_classes = load_data(args, backend)
 
     model = create_model(args.arch, num_classes=num_classes, dtype=jnp.bfloat16 if args.amp else jnp.float32)
@@ -221,4 +228,4 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main(get_args_parser().parse_args())
+    run(main, get_args_parser())

@@ -27,8 +27,9 @@ from mxnet import autograd, gluon
 
 from crossdali.common.metrics import MetricsWriter, format_epoch_line
 from crossdali.common.sample_data import class_names, ensure_classification
+from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import add_classification_data_args, add_run_args
+from crossdali.common.train_args import add_classification_data_args, add_run_args, create_parser, log_accepted_flags
 from crossdali.mxnet.distributed import ENGINES, Runtime, init_distributed
 from crossdali.mxnet.loaders import BACKENDS, create_classification_loader
 
@@ -71,19 +72,22 @@ def resolve_arch(arch: str) -> str:
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="crossdali MXNet (Gluon) classification training", add_help=add_help)
+    parser = create_parser("crossdali MXNet (Gluon) classification training", add_help=add_help)
     add_classification_data_args(parser, backends=BACKENDS, arch="resnet50_v1",
                                  arch_help="any gluon.model_zoo.vision name (resnet18_v1, resnet50_v1, ...)",
                                  workers_help="DALI threads or ImageRecordIter threads per process",
                                  backend_help="native = mx.io.ImageRecordIter (needs RecordIO)")
-    parser.add_argument("--amp", action="store_true",
-                        help="mixed precision: MXNet's AMP (mxnet.contrib.amp, float16 with dynamic loss scaling) on a "
-                             "CUDA GPU; the CPU wheel trains in float32 and says so (no float16 GEMM on the CPU, and "
-                             "its bfloat16 convolutions need AVX-512)")
-    parser.add_argument("--channels-last", action="store_true",
-                        help="accepted for the PyTorch script's command lines; MXNet stays NCHW and says so at "
-                             "start-up (NHWC convolutions need cuDNN, and Gluon's model zoo builds NCHW models)")
-    add_run_args(parser, engines=ENGINES,
+    add_run_args(parser, engines=ENGINES, amp=True,
+                 amp_help="mixed precision: MXNet's AMP (mxnet.contrib.amp, float16 with dynamic loss scaling) on a "
+                          "CUDA GPU; the CPU wheel trains in float32 and says so (no float16 GEMM on the CPU, and "
+                          "its bfloat16 convolutions need AVX-512)",
+                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines; MXNet stays "
+                                                        "NCHW and says so at start-up (NHWC convolutions need cuDNN, "
+                                                        "and Gluon's model zoo builds NCHW models)",
+                 checkpoint_every=True, checkpoint_every_default=0,
+                 checkpoint_every_help="accepted for the PyTorch script's command lines; the MXNet script saves at "
+                                       "epoch ends only (its loaders can resume mid-epoch: state_dict)",
+                 debug=True,
                  engine_help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher",
                  resume_help="checkpoint (.params) to resume from")
     return parser
@@ -179,8 +183,9 @@ def load_data(args, runtime: Runtime, backend: str):
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank, dtype="float32",
                   hw_decoder_load=args.hw_decoder_load)
-    train_src = resolve_source(data, "train", format=args.data_format)
-    val_src = resolve_source(data, "val", format=args.data_format)
+    check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
+    train_src = resolve_source(data, "train", **check)
+    val_src = resolve_source(data, "val", **check)
     train_loader = create_classification_loader(train_src, train=True, **common)
     val_loader = create_classification_loader(val_src, train=False, **common)
     num_classes = num_classes or train_src.num_classes
@@ -237,6 +242,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     backend = _choose_backend(args.data_backend)
     if arch != args.arch:
         log.info("--arch %s: Gluon's %s", args.arch, arch)
+    log_accepted_flags(args, checkpoint_every="the MXNet script saves at epoch ends only; a run "
+                                                                  "killed mid-epoch redoes that epoch")
     if args.channels_last:
         log.warning(CHANNELS_LAST_NOTE)
     amp = _use_amp(args.amp, runtime.context)
@@ -313,4 +320,4 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main(get_args_parser().parse_args())
+    run(main, get_args_parser())

@@ -94,8 +94,9 @@ def load_data(args, runtime: Runtime, backend: str):
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank,
                   dtype="float32", hw_decoder_load=args.hw_decoder_load)
-    train_src = resolve_source(data, "train", format=args.data_format)
-    val_src = resolve_source(data, "val", format=args.data_format)
+    check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
+    train_src = resolve_source(data, "train", **check)
+    val_src = resolve_source(data, "val", **check)
     # checkpointing: the train loader's state_dict carries DALI's position for a mid-epoch resume
     train_loader = create_classification_loader(train_src, train=True, checkpointing=True, **common)
     val_loader = create_classification_loader(val_src, train=False, **common)

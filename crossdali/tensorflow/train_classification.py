@@ -27,8 +27,9 @@ import tensorflow as tf
 
 from crossdali.common.metrics import MetricsWriter, format_epoch_line
 from crossdali.common.sample_data import ensure_classification
+from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import add_classification_data_args, add_run_args
+from crossdali.common.train_args import add_classification_data_args, add_run_args, create_parser, log_accepted_flags
 from crossdali.tensorflow.distributed import ENGINES, Runtime, init_distributed
 from crossdali.tensorflow.loaders import BACKENDS, create_classification_loader
 
@@ -36,12 +37,18 @@ log = logging.getLogger("crossdali.train")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="crossdali TensorFlow/Keras classification training", add_help=add_help)
+    parser = create_parser("crossdali TensorFlow/Keras classification training", add_help=add_help)
     add_classification_data_args(parser, backends=BACKENDS, arch="resnet50",
                                  arch_help="a tf.keras.applications model (resnet50, mobilenetv2, ...) or 'small_cnn' (tests)",
                                  workers_help="DALI threads or tf.data parallel calls per process")
-    parser.add_argument("--amp", action="store_true", help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU")
-    add_run_args(parser, engines=list(ENGINES),
+    add_run_args(parser, engines=list(ENGINES), amp=True,
+                 amp_help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU",
+                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: Keras models "
+                                                        "here are NHWC (channels_last) already",
+                 checkpoint_every=True, checkpoint_every_default=0,
+                 checkpoint_every_help="accepted for the PyTorch script's command lines; the TensorFlow script saves "
+                                       "at epoch ends only (DALIDataset cannot restore a mid-epoch DALI position)",
+                 debug=True,
                  engine_help="gradient averaging; auto: horovod when a launcher started several processes, "
                              "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set",
                  resume_help="checkpoint (prefix or folder) to resume from")
@@ -172,8 +179,9 @@ def load_data(args, runtime: Runtime, backend: str):
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank,
                   hw_decoder_load=args.hw_decoder_load, layout="HWC")
-    train_src = resolve_source(data, "train", format=args.data_format)
-    val_src = resolve_source(data, "val", format=args.data_format)
+    check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
+    train_src = resolve_source(data, "train", **check)
+    val_src = resolve_source(data, "val", **check)
     train_loader = create_classification_loader(train_src, train=True, **common)
     val_loader = create_classification_loader(val_src, train=False, **common)
     num_classes = args.num_classes or train_src.num_classes
@@ -203,6 +211,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     on_gpu = bool(tf.config.list_physical_devices("GPU"))
     if args.amp:
         tf.keras.mixed_precision.set_global_policy("mixed_float16" if on_gpu else "mixed_bfloat16")
+    log_accepted_flags(args, channels_last="Keras models here are NHWC already",
+                       checkpoint_every="the TensorFlow script saves at epoch ends only (DALIDataset cannot restore a "
+                                        "mid-epoch DALI position); a run killed mid-epoch redoes that epoch")
     log.info("rank %d/%d (launcher %s, engine %s), %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, "GPU" if on_gpu else "CPU")
     train_loader, val_loader, num_classes = load_data(args, runtime, backend)
@@ -309,4 +320,4 @@ def _smoothed_loss(num_classes: int, smoothing: float):
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    main(get_args_parser().parse_args())
+    run(main, get_args_parser())

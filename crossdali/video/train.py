@@ -114,7 +114,10 @@ def load_data(args, runtime: Runtime, backend: str):
     data = args.data
     if data is None:
         data = build_on_rank0(runtime, lambda: ensure_video(size=args.sample_size))
-    train_src, val_src = resolve_video_source(data, "train"), resolve_video_source(data, "val")
+    if args.skip_check:  # the clip count of an epoch comes from probing every file, so it cannot be skipped
+        log.info("--skip-check: video files are probed anyway (their frame counts size the epoch)")
+    train_src = resolve_video_source(data, "train", exclude=args.exclude)
+    val_src = resolve_video_source(data, "val", exclude=args.exclude)
     num_classes = max(train_src.num_classes, val_src.num_classes)
     names = list(train_src.classes) if len(train_src.classes) == num_classes else [str(i) for i in range(num_classes)]
     if backend == "synthetic":  # one random batch; as many batches as one clip per file would give

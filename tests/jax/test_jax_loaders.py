@@ -140,7 +140,7 @@ def test_state_without_checkpointing_is_a_clear_error(tiny_classification):
     data = tiny_classification / "imagefolder"
     saved = create_classification_loader(data, train=True, batch_size=32, crop_size=16, workers=1,
                                          checkpointing=True).state_dict()
-    plain = create_classification_loader(data, train=True, batch_size=32, crop_size=16, workers=1)
+    plain = create_classification_loader(data, train=True, batch_size=32, crop_size=16, workers=1, checkpointing=False)
     with pytest.raises(ValueError, match="pass checkpointing=True"):
         plain.load_state_dict(saved)
 

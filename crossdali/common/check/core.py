@@ -355,10 +355,10 @@ def problems_error(problems: Sequence[Problem], *, where: str, total: int, data_
     errors = [p for p in problems if p.severity == "error"]
     if not errors:
         return None
-    shown = "\n".join(f"  {p.message}" for p in errors[:10])
-    more = f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else ""
     target = data_hint or where
-    return DataError(
-        f"{len(errors)} of {total} samples in {where} cannot be used:\n{shown}{more}\n"
-        f"Fix or remove them, or train on the rest: `crossdali check {target}` writes the full report and an "
-        "exclusion list to pass as --exclude FILE (exclude= in the loader factories).")
+    fix = (f"`crossdali check {target}` lists every bad sample and writes an exclusion list to pass as "
+           "--exclude FILE (exclude= in the loader factories)")
+    if len(errors) == 1:  # the common case stays one line: the file, what is wrong, the fix
+        return DataError(f"{errors[0].message}. Or train without it: {fix}")
+    return DataError(f"{len(errors)} of {total} samples in {where} cannot be used, the first: {errors[0].message}. "
+                     f"Fix or remove them, or train on the rest: {fix}")

@@ -1,0 +1,63 @@
+"""One command line, every framework's classification script (issue: "the same flag set for every
+framework's classification script, as the README claims"): each parser present in this environment
+takes the same argv and gives the same values, and all of them have the same options."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+SCRIPTS = {
+    "pytorch": ("torch", "crossdali.pytorch.train_classification", "resnet18"),
+    "tensorflow": ("tensorflow", "crossdali.tensorflow.train_classification", "resnet50"),
+    "mxnet": ("mxnet", "crossdali.mxnet.train_classification", "resnet18_v1"),
+    "jax": ("jax", "crossdali.jax.train_classification", "resnet18"),
+}
+#: The options of the PyTorch classification script, which every classification script must have.
+SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "--workers", "--crop-size",
+          "--hw-decoder-load", "--exclude", "--skip-check", "--arch", "--num-classes", "-b", "--batch-size", "--epochs",
+          "--lr", "--lr-warmup-epochs", "--momentum", "--wd", "--weight-decay", "--label-smoothing", "--engine", "--amp",
+          "--channels-last", "--resume", "--test-only", "--output-dir", "--checkpoint-every", "--seed", "--print-freq",
+          "--debug", "-h", "--help"]
+
+
+def _parser(framework: str):
+    module_name, script, arch = SCRIPTS[framework]
+    pytest.importorskip(module_name)
+    return importlib.import_module(script).get_args_parser(), arch
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_every_classification_script_has_the_shared_options(framework):
+    parser, _ = _parser(framework)
+    options = {o for action in parser._actions for o in action.option_strings}
+    assert sorted(set(SHARED) - options) == [], f"{framework} lacks shared flags"
+    assert sorted(options - set(SHARED)) == [], f"{framework} has flags the others lack"
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_the_same_command_line_parses_to_the_same_values(framework, tmp_path):
+    parser, arch = _parser(framework)
+    argv = ["--data", str(tmp_path), "--data-backend", "dali-cpu", "--arch", arch, "-b", "16", "--epochs", "2",
+            "--lr", "0.05", "--crop-size", "64", "-j", "2", "--amp", "--channels-last", "--seed", "3",
+            "--output-dir", str(tmp_path / "run"), "--checkpoint-every", "5", "--exclude", str(tmp_path / "x.txt"),
+            "--skip-check", "--debug", "--resume", str(tmp_path / "ckpt"), "--test-only", "--print-freq", "7",
+            "--hw-decoder-load", "0.5", "--label-smoothing", "0.1", "--wd", "5e-5"]
+    args = parser.parse_args(argv)
+    assert (args.data, args.data_backend, args.arch, args.batch_size, args.epochs, args.lr, args.crop_size,
+            args.workers, args.amp, args.channels_last, args.seed) == \
+        (tmp_path, "dali-cpu", arch, 16, 2, 0.05, 64, 2, True, True, 3)
+    assert (args.output_dir, args.checkpoint_every, args.exclude, args.skip_check, args.debug, args.resume,
+            args.test_only, args.print_freq, args.hw_decoder_load, args.label_smoothing, args.weight_decay) == \
+        (tmp_path / "run", 5, tmp_path / "x.txt", True, True, tmp_path / "ckpt", True, 7, 0.5, 0.1, 5e-5)
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_a_bad_value_is_one_line_and_exit_2(framework, capsys):
+    parser, _ = _parser(framework)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--epochs", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--epochs" in err, err
