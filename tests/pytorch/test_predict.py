@@ -226,10 +226,12 @@ def _jpeg_of(photo: str, size: int = 160) -> bytes:
 
 
 @pytest.mark.slow
-def test_briefly_trained_model_recognises_a_photo(tiny_classification, tmp_path, capsys):
+def test_briefly_trained_model_predicts_above_chance(tiny_classification, tmp_path, capsys):
     """ResNet-18 trained 4 epochs at 64 px on the sample set (the recipe of tests/pytorch/test_pytorch_train.py),
-    saved as the training scripts save, then `predict` on two whole photos, one as a GIF. After 3 epochs
-    the cat photo got 0.84 and the coffee photo 0.9998 here (val top-1 45 %)."""
+    saved as the training scripts save, then `predict` on the val images and on a photo given as a GIF. The
+    model is weak (val top-1 about 45 % here), so the check is its accuracy through `predict` on the 55 val
+    images against chance (9 %): one photo's class would be a coin toss (a change of the training order
+    alone turned the cat photo's answer from 'chelsea' into 'retina')."""
     torch.manual_seed(0)
     crop, epochs = 64, 4
     data = tiny_classification / "imagefolder"
@@ -251,12 +253,15 @@ def test_briefly_trained_model_recognises_a_photo(tiny_classification, tmp_path,
     ckpt = _save(tmp_path / "checkpoint_best.pth", model, class_names=loader.source.classes,
                  config={"arch": "resnet18", "crop_size": crop, "num_classes": loader.num_classes})
     Image.open(io.BytesIO(_jpeg_of("chelsea.png"))).save(tmp_path / "cat.gif")
-    (tmp_path / "coffee.jpg").write_bytes(_jpeg_of("coffee.png"))
-    assert run([str(ckpt), str(tmp_path / "cat.gif"), str(tmp_path / "coffee.jpg"), "--topk", "1", "--json"]) == 0
+    val = sorted((data / "val").glob("*/*.jpg"))
+    assert run([str(ckpt), *map(str, val), str(tmp_path / "cat.gif"), "--topk", "1", "--json"]) == 0
     import json
 
-    top1 = [json.loads(line)["top"][0]["class"] for line in capsys.readouterr().out.strip().splitlines()]
-    assert top1 == ["chelsea", "coffee"]
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(lines) == len(val) + 1
+    correct = sum(r["top"][0]["class"] == Path(r["image"]).parent.name for r in lines[:-1])
+    assert correct / len(val) >= 3 / loader.num_classes, f"{correct} of {len(val)} val images right"
+    assert lines[-1]["converted_from"] == "a GIF file" and lines[-1]["top"][0]["class"] in loader.source.classes
 
 
 @pytest.mark.slow

@@ -360,5 +360,6 @@ def problems_error(problems: Sequence[Problem], *, where: str, total: int, data_
            "--exclude FILE (exclude= in the loader factories)")
     if len(errors) == 1:  # the common case stays one line: the file, what is wrong, the fix
         return DataError(f"{errors[0].message}. Or train without it: {fix}")
-    return DataError(f"{len(errors)} of {total} samples in {where} cannot be used, the first: {errors[0].message}. "
+    listed = "; ".join(p.message for p in errors[:3]) + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
+    return DataError(f"{len(errors)} of {total} samples in {where} cannot be used: {listed}. "
                      f"Fix or remove them, or train on the rest: {fix}")
