@@ -22,8 +22,6 @@ loader contract (``crossdali.common.loaders.Loader``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -31,10 +29,10 @@ import numpy as np
 from nvidia.dali.plugin.jax import DALIGenericIterator
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
+from crossdali.common.dali_loader import DALIIteratorLoader
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import SplitPlan, prepare_split
-from crossdali.common.options import PipelineOptions
+from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataSource, explain_decode_failure, resolve_source
 
 __all__ = ["BACKENDS", "DALIJaxIterator", "DALILoader", "SyntheticLoader", "create_classification_loader",
@@ -98,71 +96,21 @@ class DALIJaxIterator(DALIGenericIterator):
         return {k: v[:valid] if v.shape[0] > valid else v for k, v in batch.items()}
 
 
-class DALILoader:
-    """DALI's JAX iterator over one of the shared pipelines: plain tuples of ``jax.Array`` (the
-    ``names`` outputs, those in ``flatten`` reshaped to (N,)), a shard's padding-only last batch
-    skipped, DALI's failures turned into errors that name the file (``explain``).
+class DALILoader(DALIIteratorLoader):
+    """DALI's JAX iterator over one of the shared pipelines (``crossdali.common.dali_loader``): plain
+    tuples of ``jax.Array``, epochs (PARTIAL through ``DALIJaxIterator``), padding-only batches
+    skipped, errors naming the file, ``state_dict`` with DALI's checkpoint (the JAX iterator shares
+    the checkpointing base of DALI's other iterators) for a bit-exact mid-epoch resume."""
 
-    Built with ``options.checkpointing``, ``state_dict()`` carries DALI's pipeline checkpoint
-    (reader position, shuffle and augmentation state; the JAX iterator shares the checkpointing
-    base of DALI's other iterators), so a restored loader continues the epoch with exactly the
-    batches the uninterrupted one would have given.
-    """
+    def _new_iterator(self, pipeline) -> DALIJaxIterator:
+        return DALIJaxIterator([pipeline], list(self.names), reader_name=self.reader_name,
+                               last_batch_policy=self.policy, auto_reset=True)
 
-    def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
-                 names: tuple[str, ...], reader_name: str, explain: Callable[[Exception], Exception],
-                 flatten: tuple[str, ...] = ("labels",)) -> None:
-        self.plan, self.source, self.policy = plan, plan.source, plan.policy
-        self.batch_size, self.num_classes = options.batch_size, plan.num_classes
-        self.names, self.flatten, self.epoch = names, flatten, 0
-        self._options, self._build, self._reader_name, self._explain = options, build, reader_name, explain
-        self._iter = self._make_iterator(options)
+    def _outputs(self, raw) -> dict:
+        return raw
 
-    def _make_iterator(self, options: PipelineOptions) -> DALIJaxIterator:
-        try:
-            return DALIJaxIterator([self._build(options)], list(self.names), reader_name=self._reader_name,
-                                   last_batch_policy=self.policy, auto_reset=True)
-        except RuntimeError as e:  # the iterator runs the first batch: a bad file fails here
-            raise self._explain(e) from e
-
-    @property
-    def num_samples(self) -> int:
-        """Samples per epoch over all shards (clips for video)."""
-        return self.plan.num_samples
-
-    def __len__(self) -> int:
-        return self.plan.batches_per_epoch
-
-    def __iter__(self) -> Iterator[tuple[jax.Array, ...]]:
-        while True:
-            try:  # next() on DALI's iterator, not iter(): iter() mid-epoch asks for a reset it refuses
-                batch = next(self._iter)
-            except StopIteration:
-                break
-            except RuntimeError as e:
-                raise self._explain(e) from e
-            if batch[self.names[0]].shape[0] == 0:
-                continue  # a shard shorter than the longest one ends with an empty batch
-            yield tuple(batch[n].reshape(-1) if n in self.flatten else batch[n] for n in self.names)
-        self.epoch += 1
-
-    def state_dict(self) -> dict:
-        state = {"epoch": self.epoch}
-        if self._options.checkpointing:
-            state["dali"] = self._iter.checkpoints()[0]
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
-        if "dali" not in state:
-            log.warning("loader state without a DALI checkpoint: epoch counter restored, but the data order "
-                        "starts again as in a fresh run (build the loader with checkpointing=True)")
-            return
-        if not self._options.checkpointing:
-            raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
-                             "checkpointing: pass checkpointing=True to the loader factory")
-        self._options = replace(self._options, checkpoint=state["dali"])
-        self._iter = self._make_iterator(self._options)
+    def _flat(self, array: jax.Array) -> jax.Array:
+        return array.reshape(-1)
 
 
 class SyntheticLoader:

@@ -17,17 +17,16 @@ epoch rules (``crossdali.common.epochs``) and implements the loader contract
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
+from crossdali.common.dali_loader import DALIIteratorLoader
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint, prepare_split
-from crossdali.common.options import PipelineOptions
+from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
 __all__ = ["BACKENDS", "create_classification_loader", "DALILoader", "NativeLoader", "ShardSampler",
@@ -43,72 +42,22 @@ def require_cuda(backend: str, hint: str = "use dali-cpu") -> None:
         raise RuntimeError(f"--data-backend dali-gpu needs a CUDA GPU and none is visible; {hint}")
 
 
-class DALILoader:
-    """DALI's PyTorch iterator over one of the shared pipelines: plain tuples of tensors (the
-    ``names`` outputs, those in ``flatten`` reshaped to (N,)), a shard's padding-only last batch
-    skipped, DALI's failures turned into errors that name the file (``explain``).
+class DALILoader(DALIIteratorLoader):
+    """DALI's PyTorch iterator over one of the shared pipelines (``crossdali.common.dali_loader``):
+    plain tuples of torch tensors, epochs, padding-only batches skipped, errors naming the file,
+    ``state_dict`` with DALI's checkpoint for a bit-exact mid-epoch resume."""
 
-    Built with ``options.checkpointing``, ``state_dict()`` carries DALI's pipeline checkpoint
-    (reader position, shuffle and augmentation state) so a restored loader continues the epoch
-    with exactly the batches the uninterrupted one would have given.
-    """
-
-    def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
-                 names: tuple[str, ...], reader_name: str, explain: Callable[[Exception], Exception],
-                 flatten: tuple[str, ...] = ("labels",)) -> None:
-        self.plan, self.source, self.policy = plan, plan.source, plan.policy
-        self.batch_size, self.num_classes = options.batch_size, plan.num_classes
-        self.names, self.flatten, self.epoch = names, flatten, 0
-        self._options, self._build, self._reader_name, self._explain = options, build, reader_name, explain
-        self._iter = self._make_iterator(options)
-
-    def _make_iterator(self, options: PipelineOptions):
+    def _new_iterator(self, pipeline):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator  # defer: DALI's torch plugin
 
-        try:
-            return DALIGenericIterator([self._build(options)], list(self.names), reader_name=self._reader_name,
-                                       last_batch_policy=self.policy, auto_reset=True)
-        except RuntimeError as e:  # the iterator runs the first batch: a bad file fails here
-            raise self._explain(e) from e
+        return DALIGenericIterator([pipeline], list(self.names), reader_name=self.reader_name,
+                                   last_batch_policy=self.policy, auto_reset=True)
 
-    @property
-    def num_samples(self) -> int:
-        """Samples per epoch over all shards (clips for video)."""
-        return self.plan.num_samples
+    def _outputs(self, raw) -> dict:
+        return raw[0]  # one pipeline
 
-    def __len__(self) -> int:
-        return self.plan.batches_per_epoch
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        while True:
-            try:  # next() on DALI's iterator, not iter(): iter() mid-epoch asks for a reset it refuses
-                batch = next(self._iter)[0]
-            except StopIteration:
-                break
-            except RuntimeError as e:
-                raise self._explain(e) from e
-            if batch[self.names[0]].shape[0] == 0:
-                continue  # a shard shorter than the longest one ends with an empty batch
-            yield tuple(batch[n].view(-1) if n in self.flatten else batch[n] for n in self.names)
-        self.epoch += 1
-
-    def state_dict(self) -> dict:
-        state = {"epoch": self.epoch}
-        if self._options.checkpointing:
-            state["dali"] = encode_dali_checkpoint(self._iter.checkpoints()[0])
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
-        if "dali" not in state:
-            log.warning("loader state without a DALI checkpoint: epoch counter restored, but the data order "
-                        "starts again as in a fresh run (build the loader with checkpointing=True)")
-            return
-        if not self._options.checkpointing:
-            raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
-                             "checkpointing: pass checkpointing=True to the loader factory")
-        self._options = replace(self._options, checkpoint=decode_dali_checkpoint(state["dali"]))
-        self._iter = self._make_iterator(self._options)
+    def _flat(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view(-1)
 
 
 class ShardSampler(torch.utils.data.Sampler):
