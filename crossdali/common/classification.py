@@ -16,7 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from crossdali.common.options import PipelineOptions
-from crossdali.common.sources import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY, DataSource
+from crossdali.common.sources import (
+    TFRECORD_IMAGE_KEY,
+    TFRECORD_LABEL_KEY,
+    WEBDATASET_IMAGE_EXTENSIONS,
+    WEBDATASET_LABEL_EXTENSION,
+    DataSource,
+)
 
 __all__ = [
     "READER_NAME",
@@ -25,6 +31,7 @@ __all__ = [
     "PipelineOptions",  # defined in crossdali.common.options; re-exported for the pipelines' callers
     "ClassificationTransform",
     "augment_classification",
+    "decimal_text_to_int",
     "create_classification_pipeline",
 ]
 
@@ -74,12 +81,21 @@ def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
 
     sharding = dict(shard_id=opts.shard_id, num_shards=opts.num_shards, name=READER_NAME,
                     pad_last_batch=True, seed=opts.seed)
+    # shuffle_after_epoch: a global reshuffle every epoch with the same seed on every shard, so
+    # shards stay disjoint (random_shuffle only shuffles inside a shard's buffer). Its own seed
+    # argument: without it DALI uses a fixed seed and every run has the same order.
+    global_shuffle = dict(shuffle_after_epoch=True, shuffle_after_epoch_seed=opts.seed) if train else {}
     if source.format in ("imagefolder", "filelist"):
-        # shuffle_after_epoch: a global reshuffle every epoch with the same seed on every shard,
-        # so shards stay disjoint (random_shuffle only shuffles inside a shard's buffer). Its own
-        # seed argument: without it DALI uses a fixed seed and every run has the same order.
-        shuffle = dict(shuffle_after_epoch=True, shuffle_after_epoch_seed=opts.seed) if train else {}
-        jpegs, labels = fn.readers.file(files=list(source.files), labels=list(source.labels), **shuffle, **sharding)
+        jpegs, labels = fn.readers.file(files=list(source.files), labels=list(source.labels), **global_shuffle,
+                                        **sharding)
+    elif source.format == "webdataset":
+        # A shuffle buffer as for the other record formats: the reader's shuffle_after_epoch only
+        # reorders whole tar files (measured: a shard's samples stayed in tar order).
+        jpegs, text = fn.readers.webdataset(paths=list(source.paths), index_paths=list(source.index_paths),
+                                            ext=[";".join(WEBDATASET_IMAGE_EXTENSIONS), WEBDATASET_LABEL_EXTENSION],
+                                            missing_component_behavior="error", random_shuffle=train,
+                                            initial_fill=opts.initial_fill, **sharding)
+        labels = decimal_text_to_int(text)
     else:
         shuffle = dict(random_shuffle=train, initial_fill=opts.initial_fill)
         if source.format == "tfrecord":
@@ -98,6 +114,23 @@ def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
         else:
             raise ValueError(f"unknown source format {source.format!r}")
     return jpegs, fn.cast(labels, dtype=types.INT64)
+
+
+def decimal_text_to_int(text, *, max_digits: int = 12):
+    """The integer written as decimal text in ``text`` (uint8 bytes, e.g. WebDataset's ``.cls``
+    ``b"12\\n"``), as int64 of shape (1,). Characters other than digits are skipped, so
+    surrounding whitespace is fine; ``crossdali check`` refuses anything else, and texts over
+    ``max_digits``. Written by hand: DALI has no string-to-number operator, and parsing after
+    the iterator would put the same code in every framework's wrapper."""
+    from nvidia.dali import fn, types
+
+    padded = fn.pad(text, axes=[0], shape=[max_digits], fill_value=32)  # spaces: skipped below
+    value = types.Constant(0, dtype=types.INT64)
+    for i in range(max_digits):  # Horner's rule over the digits
+        char = fn.cast(padded[i], dtype=types.INT64)
+        digit = (char >= 48) & (char <= 57)
+        value = value * (1 + 9 * digit) + digit * (char - 48)
+    return fn.reshape(value, shape=[1])
 
 
 def _val_geometry(jpegs, *, resize: int, crop: int):

@@ -1,4 +1,4 @@
-"""Where classification samples come from: ImageFolder, file list, TFRecord or MXNet RecordIO.
+"""Where classification samples come from: ImageFolder, file list, TFRecord, MXNet RecordIO or WebDataset shards.
 
 A ``DataSource`` is resolved and validated *before* a pipeline is built, so that a wrong path,
 an empty class folder or a GIF named ``.jpg`` fails in seconds with the file named, not hours
@@ -22,6 +22,8 @@ from crossdali.common.check.exclude import Exclusions, load_exclusions
 __all__ = [
     "TFRECORD_IMAGE_KEY",
     "TFRECORD_LABEL_KEY",
+    "WEBDATASET_IMAGE_EXTENSIONS",
+    "WEBDATASET_LABEL_EXTENSION",
     "DataSource",
     "DataError",
     "IMAGE_EXTENSIONS",
@@ -53,7 +55,12 @@ _DECODABLE_MAGIC = {
 }
 _UNSUPPORTED_MAGIC = {b"GIF87a": "GIF", b"GIF89a": "GIF", b"%PDF": "PDF", b"<": "HTML/XML text"}
 
-FORMATS = ("imagefolder", "filelist", "tfrecord", "recordio")
+FORMATS = ("imagefolder", "filelist", "tfrecord", "recordio", "webdataset")
+
+#: The components of a WebDataset sample the classification pipelines read: the image (the first of
+#: these extensions the sample has) and the label as decimal text (``.cls``, WebDataset's convention).
+WEBDATASET_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
+WEBDATASET_LABEL_EXTENSION = "cls"
 
 #: TFRecord features crossdali reads (and its sample set writes): ImageNet's TFRecord convention.
 TFRECORD_IMAGE_KEY = "image/encoded"
@@ -69,7 +76,7 @@ class DataSource:
     """One split of a dataset, ready for a reader.
 
     ``files``/``labels`` are set for ``imagefolder`` and ``filelist``; ``paths``/``index_paths``
-    for ``tfrecord`` and ``recordio``. ``classes`` is known for ImageFolders only.
+    for ``tfrecord``, ``recordio`` and ``webdataset``. ``classes`` is known for ImageFolders only.
     """
 
     format: str
@@ -228,9 +235,10 @@ def _record_source(fmt: str, data: Path, records: list[Path], *, validate: bool 
         if rec.stat().st_size == 0:
             raise DataError(f"record file {rec} is empty; rebuild it")
         if not idx.is_file():
-            tool = "tfrecord2idx (ships with DALI)" if fmt == "tfrecord" else "im2rec.py, or mxnet.recordio.MXIndexedRecordIO"
-            raise DataError(f"{rec} has no index file {idx}; DALI needs one: create it with {tool}: "
-                            + (f"`tfrecord2idx {rec} {idx}`" if fmt == "tfrecord" else "rewrite the .rec with its .idx"))
+            how = {"tfrecord": f"tfrecord2idx (ships with DALI): `tfrecord2idx {rec} {idx}`",
+                   "webdataset": f"wds2idx (ships with DALI): `wds2idx {rec} {idx}`",
+                   "recordio": "im2rec.py, or mxnet.recordio.MXIndexedRecordIO: rewrite the .rec with its .idx"}[fmt]
+            raise DataError(f"{rec} has no index file {idx}; DALI needs one: create it with {how}")
     kept = [(r, i) for r, i in zip(records, indexes) if not exclude.excludes_file(r)]
     if validate:
         from crossdali.common.check.core import CheckSettings, check_record_files, problems_error
@@ -255,10 +263,10 @@ def _record_source(fmt: str, data: Path, records: list[Path], *, validate: bool 
             digest = hashlib.sha1(f"{idx.resolve()}:{idx.stat().st_mtime_ns}:{sorted(skip)}".encode()).hexdigest()[:16]
             filtered = default_cache_dir() / "exclude" / f"{idx.stem}-{digest}.idx"
             filtered.parent.mkdir(parents=True, exist_ok=True)
-            rec_io.write_index(keep, filtered)
+            rec_io.write_index(keep, filtered, fmt=fmt)
             idx, count = filtered, len(keep)
         else:
-            count = _count_index_lines(idx)
+            count = len(rec_io.read_index(fmt, idx)) if fmt == "webdataset" else _count_index_lines(idx)
         paths.append(str(rec))
         index_paths.append(str(idx))
         n += count
@@ -287,6 +295,8 @@ def resolve_source(data: Path | str, split: str, *, format: str = "auto", valida
     - ``imagefolder``: ``data/<split>/<class>/*.jpg``
     - ``tfrecord``: ``data/<split>*.tfrecord`` each with a ``.idx`` beside it
     - ``recordio``: ``data/<split>.rec`` with ``data/<split>.idx``
+    - ``webdataset``: ``data/<split>-*.tar`` shards (``.jpg`` + ``.cls`` per sample), each with
+      the ``.idx`` of DALI's ``wds2idx`` beside it
     - ``filelist``: ``data/<split>.txt`` (``<path> <label>`` lines, paths relative to ``data``)
     """
     data = Path(data)
@@ -297,19 +307,22 @@ def resolve_source(data: Path | str, split: str, *, format: str = "auto", valida
                         "(or omit --data to use the embedded sample set)")
     if not data.is_dir():
         raise DataError(f"data path {data} is not a folder; expected a folder holding {split}/ (ImageFolder), "
-                        f"{split}.tfrecord, {split}.rec or {split}.txt")
+                        f"{split}.tfrecord, {split}.rec, {split}-*.tar (WebDataset) or {split}.txt")
     tfrecords = sorted(data.glob(f"{split}*.tfrecord"))
+    shards = sorted(data.glob(f"{split}-*.tar"))
     candidates = {
         "imagefolder": (data / split).is_dir(),
         "tfrecord": bool(tfrecords),
         "recordio": (data / f"{split}.rec").is_file(),
+        "webdataset": bool(shards),
         "filelist": (data / f"{split}.txt").is_file(),
     }
     chosen = format if format != "auto" else next((f for f, ok in candidates.items() if ok), None)
     if chosen is None or not candidates[chosen]:
         raise DataError(
             f"no {split} split found in {data}: looked for {data / split}/ (ImageFolder), "
-            f"{data}/{split}*.tfrecord, {data / (split + '.rec')} and {data / (split + '.txt')}"
+            f"{data}/{split}*.tfrecord, {data / (split + '.rec')}, {data}/{split}-*.tar (WebDataset) and "
+            f"{data / (split + '.txt')}"
         )
     checks = dict(validate=validate, exclude=load_exclusions(exclude), max_pixels=max_pixels)
     if chosen == "imagefolder":
@@ -318,6 +331,8 @@ def resolve_source(data: Path | str, split: str, *, format: str = "auto", valida
         return read_file_list(data / f"{split}.txt", root=data, **checks)
     if chosen == "tfrecord":
         return _record_source("tfrecord", data, tfrecords, **checks)
+    if chosen == "webdataset":
+        return _record_source("webdataset", data, shards, **checks)
     return _record_source("recordio", data, [data / f"{split}.rec"], **checks)
 
 

@@ -160,8 +160,8 @@ def add_classification_data_args(parser: argparse.ArgumentParser, *, backends: t
                                  arches: Sequence[str] | None = None) -> None:
     """Data, model and optimiser flags of a classification script (torchvision references' names and defaults)."""
     add_data_args(parser, backends=backends, workers_help=workers_help, backend_help=backend_help,
-                  data_help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO or file lists",
-                  data_formats=("imagefolder", "tfrecord", "recordio", "filelist"))
+                  data_help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO, WebDataset shards or file lists",
+                  data_formats=("imagefolder", "tfrecord", "recordio", "webdataset", "filelist"))
     add_model_args(parser, arch=arch, arches=arches, arch_help=arch_help, num_classes=True)
     add_optimizer_args(parser, batch_size=128, epochs=90, lr=0.1, lr_batch=256, lr_warmup_epochs=5, opts=("sgd",))
 

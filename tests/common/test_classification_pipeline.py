@@ -14,7 +14,8 @@ from crossdali.common.classification import (
 )
 from crossdali.common.sources import DataError, resolve_source
 
-FORMATS = {"imagefolder": "imagefolder", "filelist": "imagefolder", "tfrecord": "tfrecord", "recordio": "recordio"}
+FORMATS = {"imagefolder": "imagefolder", "filelist": "imagefolder", "tfrecord": "tfrecord", "recordio": "recordio",
+           "webdataset": "webdataset"}
 CROP = 48
 # Normalized values of pixels 0 and 255: the bounds of any output.
 LOW = min((0 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
@@ -60,7 +61,7 @@ def test_val_reads_in_order_and_is_deterministic(tiny_classification):
     np.testing.assert_array_equal(labels, np.array(source.labels[:24]))  # unshuffled file order
 
 
-@pytest.mark.parametrize("fmt", ["imagefolder", "tfrecord"])
+@pytest.mark.parametrize("fmt", ["imagefolder", "tfrecord", "webdataset"])
 def test_train_reproducible_with_seed_and_varies_across_seeds(tiny_classification, fmt):
     source = _source(tiny_classification, fmt, "train")
     a, b, c = (run_batches(source, train=True, seed=s) for s in (7, 7, 8))

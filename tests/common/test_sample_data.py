@@ -65,7 +65,7 @@ def _encoded_samples(source):
     return [np.array(jpegs[i]).tobytes() for i in range(len(jpegs))], np.array(labels.as_tensor()).ravel().tolist()
 
 
-@pytest.mark.parametrize("fmt", ["tfrecord", "recordio", "filelist"])
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio", "webdataset", "filelist"])
 def test_every_format_holds_the_same_samples(tmp_path, fmt):
     out = build_classification(tmp_path, SMALL)
     ref = _encoded_samples(resolve_source(out / "imagefolder", "val", format="imagefolder"))

@@ -55,7 +55,7 @@ def test_batches_equal_the_pipeline_run_directly(tiny_classification):
             np.testing.assert_array_equal(np.asarray(labels), want_labels.reshape(-1))
 
 
-@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio", "webdataset"])
 def test_dali_reads_record_formats(tiny_classification, fmt):
     loader = create_classification_loader(tiny_classification / fmt, train=False, batch_size=16, crop_size=CROP,
                                           workers=2)

@@ -52,7 +52,7 @@ def test_backends_yield_full_size_batches_with_pad(tiny_classification, backend,
         assert [b.pad for b in batches] == [0] * (len(batches) - 1) + [16 * len(batches) - n]  # 8 and 9
 
 
-@pytest.mark.parametrize("fmt", ["imagefolder", "tfrecord", "recordio"])
+@pytest.mark.parametrize("fmt", ["imagefolder", "tfrecord", "recordio", "webdataset"])
 def test_dali_val_labels_in_order_for_every_format(tiny_classification, fmt):
     it = create_classification_loader(tiny_classification / fmt, train=False, batch_size=16, crop_size=CROP, workers=2)
     assert _labels(it) == list(resolve_source(tiny_classification / "imagefolder", "val").labels)

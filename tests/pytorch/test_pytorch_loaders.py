@@ -28,7 +28,7 @@ def test_backends_yield_torch_batches(tiny_classification, backend, train):
     assert sum(len(lab) for _, lab in batches) == (264 if train else 55) or backend == "synthetic"
 
 
-@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio", "webdataset"])
 def test_dali_reads_record_formats(tiny_classification, fmt):
     loader = create_classification_loader(tiny_classification / fmt, train=False, backend="dali-cpu",
                                           batch_size=16, crop_size=CROP, workers=2)

@@ -65,6 +65,13 @@ def test_reads_the_tfrecord_sample(tiny_classification, backend):
     assert labels.tolist() == list(resolve_source(tiny_classification / "imagefolder", "val").labels)
 
 
+def test_dali_reads_webdataset_shards(tiny_classification):
+    loader = create_classification_loader(tiny_classification / "webdataset", train=False, backend="dali-cpu",
+                                          batch_size=16, crop_size=CROP, workers=2)
+    labels = np.concatenate([lab.numpy() for _, lab in loader])
+    assert labels.tolist() == list(resolve_source(tiny_classification / "imagefolder", "val").labels)
+
+
 @pytest.mark.parametrize("backend", ["dali-cpu", "native"])
 @pytest.mark.parametrize("shards", [1, 2, 3])
 def test_val_exactly_once_over_shards(indexed_val_source, assert_epoch_coverage, backend, shards):

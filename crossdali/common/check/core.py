@@ -247,18 +247,21 @@ def _scan_records(fmt: str, rec: Path, idx: Path, *, image_key: str, label_key: 
             continue
         on_record(1)
         try:
-            if fmt == "tfrecord":
-                image, label = rec_io.tfrecord_image(payload, image_key=image_key, label_key=label_key)
-            else:
-                image, label = rec_io.recordio_image(payload)
+            image, label = rec_io.record_image(fmt, payload, image_key=image_key, label_key=label_key)
         except (ValueError, IndexError) as e:
             record_problems.append([entry.position, "bad-record", f"is not a valid record ({e})"])
             continue
         if image is None:
-            record_problems.append([entry.position, "bad-record", f"has no {image_key!r} feature"])
+            from crossdali.common.sources import WEBDATASET_IMAGE_EXTENSIONS  # defer: circular
+
+            what = (f"no image ({', '.join('.' + x for x in WEBDATASET_IMAGE_EXTENSIONS)}) among its files "
+                    f"{', '.join(sorted(payload))}" if fmt == "webdataset" else f"no {image_key!r} feature")
+            record_problems.append([entry.position, "bad-record", f"has {what}"])
             continue
         if label is None and fmt == "tfrecord":
             record_problems.append([entry.position, "no-label", f"has no {label_key!r} feature (DALI would use -1)"])
+        if label is None and fmt == "webdataset":
+            record_problems.append([entry.position, "no-label", "has no .cls file (its class index as text)"])
         info = inspect_image(image)
         pixels[entry.position] = info.pixels
         for code, text in info.problems:
@@ -269,7 +272,7 @@ def _scan_records(fmt: str, rec: Path, idx: Path, *, image_key: str, label_key: 
     if misplaced:
         first, text = misplaced[0]
         file_problems.append(["bad-index", f"does not match its index {idx}: {len(misplaced)} of {len(entries)} records "
-                                           f"are not where it says (the first, line {first.position + 1}, {text}); the "
+                                           f"are not where it says (the first, line {first.position + (2 if fmt == 'webdataset' else 1)}, {text}); the "
                                            f"index is stale or belongs to another file: {hint}"])
     elif gaps and not file_problems:
         file_problems.append(["bad-index", f"has {gaps} bytes that no line of its index {idx} covers: the records there "
@@ -282,10 +285,10 @@ def _record_images(fmt: str, rec: Path, idx: Path, positions: set[int], *, image
     for entry, payload, _ in rec_io.iter_records(fmt, rec, entries):
         if entry.position < 0 or payload is None:
             continue
-        if fmt == "tfrecord":
-            image, _ = rec_io.tfrecord_image(payload, image_key=image_key, label_key=label_key)
-        else:
-            image, _ = rec_io.recordio_image(payload)
+        try:
+            image, _ = rec_io.record_image(fmt, payload, image_key=image_key, label_key=label_key)
+        except ValueError:  # a bad label: the fast pass reports it
+            continue
         if image is not None:
             yield str(entry.position), image
 

@@ -1,5 +1,6 @@
-"""Reading TFRecord and MXNet RecordIO files record by record through their index, checking that
-the index and the records agree (the fast pass of ``crossdali check`` for record formats).
+"""Reading TFRecord, MXNet RecordIO and WebDataset files record by record through their index,
+checking that the index and the records agree (the fast pass of ``crossdali check`` for record
+formats). A WebDataset "record" is one sample: the tar members sharing a base name.
 
 DALI reads only what the index lists, at the offsets it lists: a stale index makes it parse
 garbage (measured: "Error while parsing TFRecord file: ... record payload length:
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["IndexEntry", "IndexProblem", "read_index", "check_index", "iter_records", "tfrecord_image",
-           "recordio_image", "write_index"]
+           "recordio_image", "webdataset_image", "record_image", "write_index"]
 
 _RECORDIO_MAGIC = 0xCED7230A
 _IRHEADER = struct.Struct("<IfQQ")
@@ -37,17 +38,25 @@ class IndexEntry:
     length: int | None  # TFRecord: from the index; RecordIO: known after reading the header
     key: str = ""
     line: str = ""
+    #: WebDataset: ``(extension, data offset, size, member name)`` of each of the sample's tar members
+    components: tuple[tuple[str, int, int, str], ...] = ()
+    #: WebDataset: the index's first line (``v1.2 <count>``), which a filtered copy must repeat
+    header: str = ""
 
 
 def rebuild_hint(fmt: str, rec: Path, idx: Path) -> str:
     if fmt == "tfrecord":
         return f"rebuild it with `tfrecord2idx {rec} {idx}` (ships with DALI)"
+    if fmt == "webdataset":
+        return f"rebuild it with `wds2idx {rec} {idx}` (ships with DALI)"
     return f"rebuild {idx} by re-running im2rec.py, or by reading {rec} with mxnet.recordio.MXRecordIO and writing the offsets"
 
 
 def read_index(fmt: str, index: Path) -> list[IndexEntry]:
     """The index lines as entries; ``IndexProblem`` for a line that is not ``offset length``
-    (TFRecord, DALI's ``tfrecord2idx``) or ``key<TAB>offset`` (RecordIO)."""
+    (TFRecord, DALI's ``tfrecord2idx``) or ``key<TAB>offset`` (RecordIO); WebDataset: ``_read_wds_index``."""
+    if fmt == "webdataset":
+        return _read_wds_index(index)
     entries = []
     with open(index, encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
@@ -63,6 +72,35 @@ def read_index(fmt: str, index: Path) -> list[IndexEntry]:
             except (ValueError, IndexError):
                 want = "'<offset> <length>'" if fmt == "tfrecord" else "'<key><TAB><offset>'"
                 raise IndexProblem(f"{index}:{n}: expected {want}, got {line.rstrip()!r}") from None
+    return entries
+
+
+def _read_wds_index(index: Path) -> list[IndexEntry]:
+    """DALI's WebDataset index (``wds2idx``): ``v1.2 <samples>``, then one line per sample of
+    ``<ext> <offset> <size> <name>`` per component (v1.1: without ``<name>``)."""
+    with open(index, encoding="utf-8", errors="replace") as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    head = lines[0].split() if lines else []
+    if len(head) != 2 or head[0] not in ("v1.1", "v1.2") or not head[1].isdigit():
+        raise IndexProblem(f"{index}:1: expected a WebDataset index header 'v1.2 <samples>' (DALI's wds2idx), "
+                           f"got {lines[0] if lines else 'an empty file'!r}")
+    width = 4 if head[0] == "v1.2" else 3
+    entries = []
+    for n, line in enumerate(lines[1:], 2):
+        parts = line.split()
+        try:
+            if not parts or len(parts) % width:
+                raise ValueError
+            comps = tuple((parts[i], int(parts[i + 1]), int(parts[i + 2]), parts[i + 3] if width == 4 else "")
+                          for i in range(0, len(parts), width))
+        except ValueError:
+            raise IndexProblem(f"{index}:{n}: expected '<ext> <offset> <size>{' <name>' if width == 4 else ''}' "
+                               f"per component, got {line!r}") from None
+        key = comps[0][3].rsplit(".", len(comps[0][0].split(".")))[0] if comps[0][3] else str(len(entries))
+        entries.append(IndexEntry(len(entries), comps[0][1], None, key=key, line=line, components=comps,
+                                  header=head[0]))
+    if int(head[1]) != len(entries):
+        raise IndexProblem(f"{index}:1: the header says {head[1]} samples but {len(entries)} lines follow")
     return entries
 
 
@@ -100,6 +138,8 @@ def check_index(fmt: str, rec: Path, idx: Path, entries: list[IndexEntry]) -> li
     the bytes no line covers, are checked when the records are read: ``iter_records``.)"""
     problems = []
     hint = rebuild_hint(fmt, rec, idx)
+    if fmt == "webdataset":
+        problems += _wds_members_problems(rec, idx, entries, hint)
     offsets = [e.offset for e in entries]
     if offsets != sorted(offsets) or len(set(offsets)) != len(offsets):
         problems.append(f"has an index {idx} whose offsets are not strictly increasing (duplicated or reordered "
@@ -107,11 +147,58 @@ def check_index(fmt: str, rec: Path, idx: Path, entries: list[IndexEntry]) -> li
     return problems
 
 
+def _wds_members_problems(rec: Path, idx: Path, entries: list[IndexEntry], hint: str) -> list[str]:
+    """Tar members the index does not list (DALI never reads them), read from the tar headers."""
+    import tarfile
+
+    try:
+        with tarfile.open(rec) as tar:
+            members = {m.name for m in tar if m.isfile()}
+    except (tarfile.TarError, OSError) as e:
+        return [f"is not a readable tar archive ({e})"]
+    listed = {c[3] for e in entries for c in e.components if c[3]}
+    hidden = {m for m in members if Path(m).name.startswith(".")}  # wds2idx leaves these out, as DALI does
+    missing = sorted(members - listed - hidden) if listed else []
+    if missing:
+        return [f"holds {len(missing)} files its index {idx} does not list (the first: {missing[0]}); they are "
+                f"never read (a stale or incomplete index): {hint}"]
+    return []
+
+
+def _iter_webdataset(rec: Path, entries: list[IndexEntry]):
+    """``iter_records`` for WebDataset: each component is checked against the tar header that
+    precedes it (name and size), so a stale index is named, not read as garbage."""
+    import tarfile
+
+    size = rec.stat().st_size
+    with open(rec, "rb") as f:
+        for e in entries:
+            payload, problem = {}, None
+            for ext, offset, length, name in e.components:
+                if offset < 512 or offset + length > size:
+                    problem = f"frame:lists {name or ext} at bytes {offset}-{offset + length}, past the end of the file ({size} bytes)"
+                    break
+                f.seek(offset - 512)
+                try:
+                    info = tarfile.TarInfo.frombuf(f.read(512), "utf-8", "surrogateescape")
+                except tarfile.HeaderError:
+                    info = None
+                if info is None or info.size != length or (name and not name.endswith(info.name.lstrip("./"))):
+                    found = f"{info.name!r} ({info.size} bytes)" if info else "no tar header"
+                    problem = f"frame:puts {name or ext} ({length} bytes) at byte {offset}, but the tar has {found} there"
+                    break
+                payload[ext] = f.read(length)
+            yield e, (None if problem else payload), problem
+
+
 def iter_records(fmt: str, rec: Path, entries: list[IndexEntry]) -> Iterator[tuple[IndexEntry, bytes | None, str | None]]:
     """``(entry, payload, problem)`` for every index entry, in index order, plus entries with
     ``position == -1`` for bytes that no index line covers (records DALI never reads). A problem
     is ``"<kind>:<text>"``: ``frame`` (no record where the index says), ``corrupt`` (checksum),
-    ``gap:<bytes>`` (bytes in no index line)."""
+    ``gap:<bytes>`` (bytes in no index line). WebDataset payloads are ``{extension: bytes}``."""
+    if fmt == "webdataset":
+        yield from _iter_webdataset(rec, entries)
+        return
     size = rec.stat().st_size
     end_of_last = 0
     with open(rec, "rb") as f:
@@ -223,6 +310,38 @@ def recordio_image(payload: bytes) -> tuple[bytes, float]:
     return payload[start:], label
 
 
-def write_index(entries: list[IndexEntry], path: Path) -> None:
+def webdataset_image(payload: dict[str, bytes], *, image_extensions: tuple[str, ...],
+                     label_extension: str) -> tuple[bytes | None, int | None]:
+    """The image and the label of a WebDataset sample (``None`` where missing). ``ValueError`` if
+    the label is not a non-negative decimal integer (what the pipeline's text-to-int reads)."""
+    image = next((payload[ext] for ext in image_extensions if ext in payload), None)
+    text = payload.get(label_extension)
+    if text is None:
+        return image, None
+    value = text.decode("ascii", "replace").strip()
+    if not value.isdigit() or len(value) > MAX_LABEL_DIGITS:
+        raise ValueError(f".{label_extension} holds {text[:40]!r}, not a class index (0 to {10 ** MAX_LABEL_DIGITS - 1} "
+                         "as decimal text)")
+    return image, int(value)
+
+
+#: The longest ``.cls`` text the classification pipeline parses (``crossdali.common.classification``).
+MAX_LABEL_DIGITS = 12
+
+
+def record_image(fmt: str, payload, *, image_key: str, label_key: str):
+    """(image bytes, label) of one record of any record format."""
+    if fmt == "tfrecord":
+        return tfrecord_image(payload, image_key=image_key, label_key=label_key)
+    if fmt == "webdataset":
+        from crossdali.common.sources import WEBDATASET_IMAGE_EXTENSIONS, WEBDATASET_LABEL_EXTENSION  # defer: circular
+
+        return webdataset_image(payload, image_extensions=WEBDATASET_IMAGE_EXTENSIONS,
+                                label_extension=WEBDATASET_LABEL_EXTENSION)
+    return recordio_image(payload)
+
+
+def write_index(entries: list[IndexEntry], path: Path, *, fmt: str = "") -> None:
     """An index with only ``entries`` (their original lines), for the exclusion of records."""
-    path.write_text("".join(e.line + "\n" for e in entries), encoding="utf-8")
+    head = f"{entries[0].header} {len(entries)}\n" if fmt == "webdataset" and entries else ""
+    path.write_text(head + "".join(e.line + "\n" for e in entries), encoding="utf-8")

@@ -131,7 +131,8 @@ def _targets_in(folder: Path) -> list[Target]:
             kind = "video" if _is_video_folder(folder / split) else "classification"
         elif listed.is_file():
             kind = "video" if _listed_ext(listed) in _VIDEO_EXT else "classification"
-        elif list(folder.glob(f"{split}*.tfrecord")) or (folder / f"{split}.rec").is_file():
+        elif (list(folder.glob(f"{split}*.tfrecord")) or (folder / f"{split}.rec").is_file()
+              or list(folder.glob(f"{split}-*.tar"))):
             kind = "classification"
         else:
             continue
@@ -177,7 +178,7 @@ def check_source(source, *, settings: CheckSettings, root: str | os.PathLike | N
                                  image_infos=infos) + problems
         report = SplitReport("detection", "coco", split or source.split, str(source.annotations_file),
                              len(coco["images"]), problems)
-    elif source.format in ("tfrecord", "recordio"):
+    elif source.format in ("tfrecord", "recordio", "webdataset"):
         problems, total = check_record_files(source.format, source.paths, source.index_paths, root=root, settings=settings)
         report = SplitReport("classification", source.format, split, ", ".join(source.paths), total, problems)
     elif getattr(source, "files", None) and os.path.splitext(source.files[0])[1].lower() in _VIDEO_EXT:

@@ -36,7 +36,7 @@ def default_root() -> Path:
 
 
 def ensure_classification(root: Path | None = None, size: str = "small", *,
-                          formats: tuple[str, ...] = ("imagefolder", "tfrecord", "recordio")) -> Path:
+                          formats: tuple[str, ...] = ("imagefolder", "tfrecord", "recordio", "webdataset")) -> Path:
     """Build the classification sample set of the named ``size`` if missing; return its folder.
 
     Each size gets its own sub-folder, so a ``bench`` build does not replace the ``small`` one.

@@ -15,7 +15,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--kind", choices=[*BUILDERS, "all"], default="all", help="which dataset(s) to build")
     parser.add_argument("--size", choices=sorted(SIZES), default="small", help="tiny (CI), small (default), bench")
     parser.add_argument("--root", type=Path, default=None, help="output root (default: $CROSSDALI_DATA or ~/.cache/crossdali)")
-    parser.add_argument("--formats", default="imagefolder,tfrecord,recordio",
+    parser.add_argument("--formats", default="imagefolder,tfrecord,recordio,webdataset",
                         help="classification formats to write (comma-separated; imagefolder is always written)")
     return parser
 

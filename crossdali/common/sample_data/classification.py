@@ -6,6 +6,7 @@ JPEG-encoded with a random quality. The same samples, in the same order, are wri
     imagefolder/{train,val}/<class>/<nnnn>.jpg   (+ imagefolder/{train,val}.txt file lists)
     tfrecord/{train,val}.tfrecord                (+ .idx, DALI's index)
     recordio/{train,val}.rec                     (+ .idx, MXNet's index)
+    webdataset/{train,val}-<nnnnnn>.tar          (+ .idx, DALI's wds2idx index; 256 samples a shard)
 
 The order is the one ``fn.readers.file`` enumerates an ImageFolder in (classes sorted, then file
 names sorted), so every reader sees sample ``i`` as the same JPEG bytes. Deterministic given
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from crossdali.common.sample_data.formats import write_recordio, write_tfrecord
+from crossdali.common.sample_data.formats import write_recordio, write_tfrecord, write_webdataset
 from crossdali.common.sample_data.photos import CLASS_PHOTOS, load_photo
 
 __all__ = ["ClassificationSampleConfig", "SIZES", "build_classification", "class_names"]
@@ -111,7 +112,7 @@ def _samples(split: str, cfg: ClassificationSampleConfig):
         yield from ((k[1], k[2], j) for k, j in zip(keys, jpegs))
 
 
-FORMATS = ("imagefolder", "tfrecord", "recordio")
+FORMATS = ("imagefolder", "tfrecord", "recordio", "webdataset")
 
 
 def build_classification(root: Path, cfg: ClassificationSampleConfig, *, formats: tuple[str, ...] = FORMATS,
@@ -155,6 +156,9 @@ def build_classification(root: Path, cfg: ClassificationSampleConfig, *, formats
         if "recordio" in formats:
             (tmp / "recordio").mkdir(exist_ok=True)
             write_recordio(tmp / "recordio" / f"{split}.rec", samples)
+        if "webdataset" in formats:
+            (tmp / "webdataset").mkdir(exist_ok=True)
+            write_webdataset(tmp / "webdataset", split, samples)
         counts[split] = len(samples)
         log.info("classification %s: %d samples", split, len(samples))
     manifest = {"config": asdict(cfg), "formats": list(formats), "classes": names, "counts": counts}

@@ -1,4 +1,5 @@
-"""Writers for the record formats DALI reads: TFRecord (+ DALI index) and MXNet RecordIO (+ .idx).
+"""Writers for the record formats DALI reads: TFRecord (+ DALI index), MXNet RecordIO (+ .idx) and
+WebDataset tar shards (+ DALI's ``wds2idx`` index).
 
 TFRecord goes through the maintained ``tfrecord`` package where TensorFlow is not installed, and
 through TensorFlow's own writer where it is: both packages register ``tensorflow.Example`` in
@@ -12,7 +13,9 @@ TensorFlow environments must not need MXNet. The MXNet test suite reads these fi
 from __future__ import annotations
 
 import importlib.util
+import io
 import struct
+import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from crossdali.common.sources import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY  # t
 __all__ = [
     "write_tfrecord",
     "write_recordio",
+    "write_webdataset",
 ]
 
 
@@ -100,3 +104,35 @@ def write_recordio(path: Path, samples: Iterable[tuple[bytes, int]]) -> Path:
             rec.write(payload)
             rec.write(b"\0" * (-len(payload) % 4))
     return index
+
+
+def write_webdataset(folder: Path, split: str, samples: Iterable[tuple[bytes, int]], *,
+                     shard_size: int = 256) -> list[Path]:
+    """Write ``(jpeg_bytes, label)`` samples as WebDataset shards ``folder/<split>-000000.tar`` ...
+    (``shard_size`` samples each: ``<nnnnnn>.jpg`` + ``<nnnnnn>.cls``, the label as decimal text,
+    WebDataset's convention) and each shard's index beside it (``.idx``, written by DALI's own
+    ``wds2idx``, which ``fn.readers.webdataset`` reads). Returns the shard paths."""
+    from wds2idx import IndexCreator  # ships with DALI (the `wds2idx` command)
+
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be positive, got {shard_size}")
+    shards: list[Path] = []
+    tar = None
+    try:
+        for i, (jpeg, label) in enumerate(samples):
+            if i % shard_size == 0:
+                if tar is not None:
+                    tar.close()
+                shards.append(Path(folder) / f"{split}-{len(shards):06d}.tar")
+                tar = tarfile.open(shards[-1], "w", format=tarfile.USTAR_FORMAT)
+            for name, data in ((f"{i:06d}.jpg", jpeg), (f"{i:06d}.cls", str(int(label)).encode("ascii"))):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o644, 0  # mtime 0: the same bytes every build
+                tar.addfile(info, io.BytesIO(data))
+    finally:
+        if tar is not None:
+            tar.close()
+    for shard in shards:
+        with IndexCreator(str(shard), str(shard.with_suffix(".idx")), verbose=False) as creator:
+            creator.create_index()
+    return shards
