@@ -271,8 +271,9 @@ def _scan_records(fmt: str, rec: Path, idx: Path, *, image_key: str, label_key: 
     hint = rec_io.rebuild_hint(fmt, rec, idx)
     if misplaced:
         first, text = misplaced[0]
+        line = first.position + (2 if fmt == "webdataset" else 1)  # a WebDataset index starts with a header line
         file_problems.append(["bad-index", f"does not match its index {idx}: {len(misplaced)} of {len(entries)} records "
-                                           f"are not where it says (the first, line {first.position + (2 if fmt == 'webdataset' else 1)}, {text}); the "
+                                           f"are not where it says (the first, line {line}, {text}); the "
                                            f"index is stale or belongs to another file: {hint}"])
     elif gaps and not file_problems:
         file_problems.append(["bad-index", f"has {gaps} bytes that no line of its index {idx} covers: the records there "

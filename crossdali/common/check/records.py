@@ -176,7 +176,8 @@ def _iter_webdataset(rec: Path, entries: list[IndexEntry]):
             payload, problem = {}, None
             for ext, offset, length, name in e.components:
                 if offset < 512 or offset + length > size:
-                    problem = f"frame:lists {name or ext} at bytes {offset}-{offset + length}, past the end of the file ({size} bytes)"
+                    problem = (f"frame:lists {name or ext} at bytes {offset}-{offset + length}, past the end of the file "
+                               f"({size} bytes)")
                     break
                 f.seek(offset - 512)
                 try:
