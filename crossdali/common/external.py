@@ -1,8 +1,9 @@
 """Any Python source of encoded images + labels through ``fn.external_source``, with crossdali's
 classification transform (``augment_classification``) and epoch rules.
 
-User code produces ``(encoded image bytes, integer label)``; DALI decodes and augments. Two kinds
-of source, told apart by what they offer:
+User code produces ``(encoded image bytes, integer label)`` (or, with ``multi_label=True``, the
+sample's class indices, delivered as a float32 multi-hot vector); DALI decodes and augments. Two
+kinds of source, told apart by what they offer:
 
 - **indexed** (random access: ``len(source)`` + ``source[i]``, or a callable ``fn(i)`` with
   ``num_samples``): read per sample by ``IndexedSamples``, a stateless function of DALI's
@@ -66,6 +67,7 @@ class ExternalData:
     num_classes: int
     name: str
     format: str = "external"
+    multi_label: bool = False
 
     @property
     def root(self) -> str:  # what prepare_split-style log lines print
@@ -109,8 +111,11 @@ def _describe(source: Any) -> str:
     return f"{type(source).__module__}.{type(source).__qualname__}"
 
 
-def to_sample(item: Any, *, index: int | str, name: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """One user sample ``(encoded, label)`` as DALI's inputs: uint8 bytes (1-D) and int64 label (1,).
+def to_sample(item: Any, *, index: int | str, name: str, num_classes: int,
+              multi_label: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """One user sample ``(encoded, label)`` as DALI's inputs: uint8 bytes (1-D) and int64 label (1,);
+    with ``multi_label`` the label is the sample's class indices (any number, none included) and
+    becomes a float32 multi-hot vector of ``num_classes``.
 
     Raises ``DataError`` naming the sample for anything else: a wrong shape of item, an image
     format DALI cannot decode, a label outside ``[0, num_classes)``.
@@ -133,6 +138,8 @@ def to_sample(item: Any, *, index: int | str, name: str, num_classes: int) -> tu
         raise DataError(f"sample {index} of {name} is {problem}; DALI decodes JPEG, PNG, BMP, TIFF, JPEG 2000, WebP "
                         "and PNM: re-encode it (e.g. PIL: Image.open(...).convert('RGB').save(buf, 'JPEG')) "
                         "or leave it out of the source")
+    if multi_label:
+        return data, _multi_hot(label, index=index, name=name, num_classes=num_classes)
     try:
         value = int(label)
     except (TypeError, ValueError):
@@ -141,6 +148,20 @@ def to_sample(item: Any, *, index: int | str, name: str, num_classes: int) -> tu
         raise DataError(f"sample {index} of {name}: label {value} is outside [0, num_classes={num_classes}); "
                         "pass the right num_classes or fix the label")
     return data, np.array([value], dtype=np.int64)
+
+
+def _multi_hot(label: Any, *, index: int | str, name: str, num_classes: int) -> np.ndarray:
+    try:
+        classes = np.asarray(label, dtype=np.int64).reshape(-1)
+    except (TypeError, ValueError):
+        raise DataError(f"sample {index} of {name}: labels {label!r} are not class indices (a list of integers)") \
+            from None
+    if classes.size and (classes.min() < 0 or classes.max() >= num_classes):
+        raise DataError(f"sample {index} of {name}: labels {classes.tolist()} are not all in [0, "
+                        f"num_classes={num_classes}); pass the right num_classes or fix the labels")
+    hot = np.zeros(num_classes, dtype=np.float32)
+    hot[classes] = 1.0
+    return hot
 
 
 class IndexedSamples:
@@ -157,8 +178,9 @@ class IndexedSamples:
 
     def __init__(self, get: Callable[[int], Any], *, num_samples: int, num_classes: int, batch_size: int,
                  shard_id: int, num_shards: int, shuffle: bool, seed: int, policy: LastBatchPolicy,
-                 name: str, epoch_offset: int = 0) -> None:
+                 name: str, epoch_offset: int = 0, multi_label: bool = False) -> None:
         self.get, self.num_samples, self.num_classes, self.name = get, num_samples, num_classes, name
+        self.multi_label = multi_label
         self.batch_size, self.shard_id, self.num_shards = batch_size, shard_id, num_shards
         self.shuffle, self.seed, self.policy, self.epoch_offset = shuffle, seed, policy, epoch_offset
         lo, hi = shard_id * num_samples // num_shards, (shard_id + 1) * num_samples // num_shards
@@ -184,7 +206,8 @@ class IndexedSamples:
             raise StopIteration
         order = self.shard_order(info.epoch_idx + self.epoch_offset)
         i = int(order[min(info.idx_in_epoch, len(order) - 1)])
-        return to_sample(self.get(i), index=i, name=self.name, num_classes=self.num_classes)
+        return to_sample(self.get(i), index=i, name=self.name, num_classes=self.num_classes,
+                         multi_label=self.multi_label)
 
 
 class StreamBatches:
@@ -201,8 +224,9 @@ class StreamBatches:
 
     def __init__(self, stream: Iterable | Callable[[], Iterable], *, batch_size: int, num_classes: int, name: str,
                  batched: bool = False, stride: tuple[int, int] | None = None, limit: int | None = None,
-                 skip: int = 0) -> None:
+                 skip: int = 0, multi_label: bool = False) -> None:
         self.stream, self.batch_size, self.num_classes, self.name = stream, batch_size, num_classes, name
+        self.multi_label = multi_label
         self.batched, self.stride, self.limit, self.skip = batched, stride, limit, skip
         self.one_shot = not callable(stream) and iter(stream) is stream
         self._calls = 0
@@ -247,7 +271,8 @@ class StreamBatches:
             delivered += len(chunk)
             if b < skip:
                 continue
-            samples = [to_sample(item, index=i, name=self.name, num_classes=self.num_classes) for i, item in chunk]
+            samples = [to_sample(item, index=i, name=self.name, num_classes=self.num_classes,
+                                 multi_label=self.multi_label) for i, item in chunk]
             yield [s[0] for s in samples], [s[1] for s in samples]
         if self.limit is not None and delivered < self.limit:
             raise DataError(f"{self.name} gave {delivered} samples on this rank, fewer than the {self.limit} every rank "
@@ -280,7 +305,8 @@ class ExternalPlan:
         return IndexedSamples(get, num_samples=self.data.num_samples, num_classes=self.data.num_classes,
                               batch_size=self.plan.batch_size, shard_id=options.shard_id,
                               num_shards=options.num_shards, shuffle=self.plan.train, seed=self.seed,
-                              policy=self.plan.policy, name=self.data.name, epoch_offset=epoch_offset)
+                              policy=self.plan.policy, name=self.data.name, epoch_offset=epoch_offset,
+                              multi_label=self.data.multi_label)
 
     def _stream(self, options: PipelineOptions, *, skip: int = 0) -> StreamBatches:
         src, world, rank = self.data.source, options.num_shards, options.shard_id
@@ -295,7 +321,8 @@ class ExternalPlan:
             limit = per_rank // self.plan.batch_size * self.plan.batch_size \
                 if self.plan.policy == LastBatchPolicy.DROP else None
         return StreamBatches(src, batch_size=self.plan.batch_size, num_classes=self.data.num_classes,
-                             name=self.data.name, batched=self.feed.batched, stride=stride, limit=limit, skip=skip)
+                             name=self.data.name, batched=self.feed.batched, stride=stride, limit=limit, skip=skip,
+                             multi_label=self.data.multi_label)
 
     def samples_in_epoch(self, options: PipelineOptions) -> int | None:
         """Samples this rank delivers per epoch: exact for indexed sources, ``None`` for streams."""
@@ -312,15 +339,17 @@ class ExternalPlan:
         return create_external_source_pipeline(
             callback, batch=self.kind == "stream", train=self.plan.train, options=options, transform=self.transform,
             parallel=self.feed.parallel, py_start_method=self.feed.py_start_method,
-            py_workers=self.feed.py_workers if self.kind == "indexed" else 1)  # a stream has one dedicated worker
+            py_workers=self.feed.py_workers if self.kind == "indexed" else 1,  # a stream has one dedicated worker
+            multi_label=self.data.multi_label)
 
 
 def create_external_source_pipeline(callback, *, batch: bool, train: bool, options: PipelineOptions,
                                     transform: ClassificationTransform | None = None, parallel: bool = False,
-                                    py_workers: int = 1, py_start_method: str = "fork"):
+                                    py_workers: int = 1, py_start_method: str = "fork", multi_label: bool = False):
     """Build (not start) a pipeline: ``fn.external_source(callback)`` -> crossdali's train or val
     transform. ``callback``: an ``IndexedSamples`` (``batch=False``) or a generator function of
-    batches (``batch=True``). ``parallel`` runs it in ``py_workers`` DALI worker processes."""
+    batches (``batch=True``). ``parallel`` runs it in ``py_workers`` DALI worker processes.
+    ``multi_label``: labels are float32 multi-hot vectors, not int64 class indices."""
     from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
 
     kwargs = options.pipeline_kwargs()
@@ -331,7 +360,7 @@ def create_external_source_pipeline(callback, *, batch: bool, train: bool, optio
     def external_pipeline():
         jpegs, labels = fn.external_source(
             source=callback, num_outputs=2, batch=batch, parallel=parallel, cycle="raise" if batch else None,
-            dtype=[types.UINT8, types.INT64], ndim=[1, 1],
+            dtype=[types.UINT8, types.FLOAT if multi_label else types.INT64], ndim=[1, 1],
             **(dict(prefetch_queue_depth=options.prefetch_queue_depth) if parallel else {}))
         images = augment_classification(jpegs, train=train, options=options, transform=transform)
         if options.device == "gpu":
@@ -378,13 +407,15 @@ def prepare_external_source(
     seed: int = 0,
     transform: ClassificationTransform | None = None,
     name: str | None = None,
+    multi_label: bool = False,
 ) -> ExternalPlan:
     """The shared start of every external-source loader factory (see the module docstring).
 
     ``source``: an indexed source (``len`` + ``[i]``), a callable ``fn(i)`` with ``num_samples``,
     an iterable, or a generator function (no arguments). ``num_samples`` sizes a stream (all ranks
     together). ``feed``: parallel workers, batched stream, stream sharding. ``name`` names the
-    source in logs and errors.
+    source in logs and errors. ``multi_label``: a sample's label is a list of class indices
+    (multi-hot float32 out of the pipeline).
     """
     check_backend(backend, backends)
     if batch_size < 1:
@@ -428,7 +459,8 @@ def prepare_external_source(
     if kind == "stream" and policy == LastBatchPolicy.DROP and not n and dist.world_size > 1:
         log.warning("%s: a stream of unknown length on %d ranks: ranks may take different step counts; pass "
                     "num_samples (the stream's length) so each stops at the same batch", name, dist.world_size)
-    data = ExternalData(source=source, kind=kind, num_samples=n, num_classes=classes, name=name)
+    data = ExternalData(source=source, kind=kind, num_samples=n, num_classes=classes, name=name,
+                        multi_label=multi_label)
     plan = SplitPlan(source=data, split="train" if train else "val", train=train, backend=backend,
                      batch_size=batch_size, dist=dist, policy=policy, num_samples=n)
     if dist.is_main:

@@ -77,7 +77,9 @@ def format_epoch_line(epoch: int, epochs: int, stats: dict[str, float], *, unit:
         if "val_top5" in stats:
             val += f" top5 {stats['val_top5']:.2f}"
         parts.append(val)
-    if "val_map" in stats:
+    if "val_f1" in stats:  # multi-label classification: mAP and F1 in percent
+        parts.append(f"val loss {stats['val_loss']:.4f} mAP {stats['val_map']:.2f} F1 {stats['val_f1']:.2f}")
+    elif "val_map" in stats:  # detection: COCO mAP
         parts.append(f"val mAP {stats['val_map']:.4f} mAP@0.5 {stats['val_map50']:.4f}")
     if "train_img_s" in stats:
         parts.append(f"{stats['train_img_s']:,.1f} {unit}/s")

@@ -143,7 +143,7 @@ def plot_run(run_dir: Path | str) -> Path:
     ax.legend()
     ax = axes[0][1]
     for key, label in (("val_top1", "val top-1 (%)"), ("val_top5", "val top-5 (%)"), ("val_map", "val mAP"),
-                       ("val_map50", "val mAP@0.5")):
+                       ("val_map50", "val mAP@0.5"), ("val_f1", "val macro F1 (%)")):
         pts = [(e["epoch"], e[key]) for e in epochs if key in e]
         if pts:
             ax.plot(*zip(*pts), "o-", label=label)

@@ -85,7 +85,8 @@ class ExternalSourceLoader(DALILoader):
                 break
             except RuntimeError as e:
                 raise self._explain(e) from e
-            images, labels = batch["images"], batch["labels"].view(-1)
+            labels = batch["labels"]  # (N, 1) int64, or (N, classes) multi-hot float32
+            images, labels = batch["images"], labels if self.ext.data.multi_label else labels.view(-1)
             if self._limit is not None:  # an indexed source pads its shard's last batch: trim it
                 keep = min(images.shape[0], self._limit - self._samples)
                 if keep <= 0:
@@ -142,6 +143,7 @@ def create_external_source_loader(
     checkpointing: bool = False,
     feed: ExternalSourceOptions | None = None,
     name: str | None = None,
+    multi_label: bool = False,
 ) -> ExternalSourceLoader:
     """``(images, labels)`` batches (float NCHW, int64) from a Python source of ``(encoded bytes, label)``.
 
@@ -152,6 +154,8 @@ def create_external_source_loader(
     ``feed`` sets DALI's Python workers (``ExternalSourceOptions(parallel=True)``), batched
     streams and stream sharding (``py_start_method='auto'``: fork, or spawn once CUDA is
     initialised in this process). ``checkpointing`` lets ``state_dict()`` resume mid-epoch.
+    ``multi_label``: each sample's label is a list of class indices; labels come out as
+    ``(N, num_classes)`` float32 multi-hot (see ``create_multilabel_loader`` for list files).
     """
     feed = feed or ExternalSourceOptions()
     if feed.py_start_method == "auto":
@@ -159,7 +163,7 @@ def create_external_source_loader(
         feed = replace(feed, py_start_method="spawn" if torch.cuda.is_initialized() else "fork")
     ext = prepare_external_source(source, train=train, backend=backend, backends=EXTERNAL_BACKENDS,
                                   batch_size=batch_size, num_samples=num_samples, num_classes=num_classes, dist=dist,
-                                  last_batch=last_batch, feed=feed, seed=seed, name=name,
+                                  last_batch=last_batch, feed=feed, seed=seed, name=name, multi_label=multi_label,
                                   transform=ClassificationTransform(crop_size=crop_size, dtype=dtype))
     require_cuda(backend)
     options = ext.plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)

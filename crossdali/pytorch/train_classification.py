@@ -10,6 +10,9 @@ sample set (if missing) and trains on it. Outputs go to ``--output-dir`` (defaul
 ``runs/classification-pytorch-<arch>-<time>``): ``metrics.jsonl``, ``checkpoint_last.pth``,
 ``checkpoint_best.pth`` and ``curves.png``. SIGTERM/SIGINT saves a checkpoint after the current
 step; ``--resume`` continues it mid-epoch with the very batches an uninterrupted run would see.
+``--multi-label`` trains on a multi-label list (``train.txt``/``val.txt``: an image path and its
+labels per line; without ``--data`` the multi-label sample set) with sigmoid + binary
+cross-entropy, and reports mAP and macro F1.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import torchvision
 
 from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
 from crossdali.common.sample_data import class_names as sample_class_names
-from crossdali.common.sample_data import ensure_classification
+from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import UsageError, run
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import add_classification_data_args, add_run_args, create_parser
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.loaders import BACKENDS, create_classification_loader
+from crossdali.pytorch.multilabel import create_multilabel_loader, resolve_multilabel_source
 from crossdali.pytorch.training import (
     ENGINES,
     Checkpointer,
@@ -41,6 +45,7 @@ from crossdali.pytorch.training import (
     create_optimizer,
     create_scheduler,
     evaluate_classifier,
+    evaluate_multilabel,
     load_checkpoint,
     scaled_lr,
     seed_everything,
@@ -59,6 +64,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     add_run_args(parser, engines=ENGINES, amp=True, channels_last=True, checkpoint_every=True, run_dir=True, debug=True,
                  engine_help="gradient averaging; auto: horovod under horovodrun, DDP under torchrun/Slurm",
                  resume_help="checkpoint_last.pth (or checkpoint_best.pth) to continue from, or to evaluate with --test-only")
+    parser.add_argument("--multi-label", action="store_true",
+                        help="several labels per image from list files (--data holding train.txt and val.txt: "
+                             "'<image> <label> <label> ...' per line; default: the multi-label sample set): "
+                             "sigmoid + binary cross-entropy, val mAP and macro F1; DALI backends only")
     return parser
 
 
@@ -80,14 +89,44 @@ def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, amp: Mixe
 
 
 def evaluate(model, criterion, loader, *, runtime: Runtime, amp: MixedPrecision, num_classes: int,
-             channels_last: bool) -> dict[str, float]:
-    """Loss and top-1/top-5 over the whole val set: every sample once across all ranks."""
+             channels_last: bool, multi_label: bool = False) -> dict[str, float]:
+    """Loss and top-1/top-5 (multi-label: mAP and macro F1) over the whole val set: every sample
+    once across all ranks."""
+    if multi_label:
+        return evaluate_multilabel(model, criterion, loader, runtime=runtime, amp=amp, channels_last=channels_last)
     return evaluate_classifier(model, criterion, loader, runtime=runtime, amp=amp, num_classes=num_classes,
                                channels_last=channels_last)
 
 
+def load_multilabel_data(args, runtime: Runtime, backend: str):
+    """``load_data`` for ``--multi-label``: list files through the external-source loader."""
+    if backend not in ("dali-cpu", "dali-gpu"):
+        raise UsageError(f"--multi-label reads its lists through DALI: use --data-backend dali-cpu or dali-gpu, "
+                         f"not {backend}")
+    data = args.data
+    if data is None:
+        data = build_on_rank0(runtime, lambda: ensure_multilabel(size=args.sample_size))
+    check = dict(exclude=args.exclude, validate=not args.skip_check)
+    train_src = resolve_multilabel_source(data, "train", **check)
+    val_src = resolve_multilabel_source(data, "val", **check)
+    if val_src.classes != train_src.classes:
+        raise UsageError(f"{train_src.list_path} and {val_src.list_path} name different classes: put the class "
+                         f"names, one a line, in {train_src.root / 'classes.txt'}")
+    if args.num_classes and args.num_classes != train_src.num_classes:
+        raise UsageError(f"--num-classes {args.num_classes} but {train_src.list_path} has {train_src.num_classes} "
+                         "classes; leave --num-classes out")
+    common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
+                  py_workers=max(1, args.workers // 2), seed=args.seed, dist=runtime.dist,
+                  device_id=runtime.dist.local_rank)
+    train_loader = create_multilabel_loader(train_src, train=True, checkpointing=True, **common)
+    val_loader = create_multilabel_loader(val_src, train=False, **common)
+    return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
+
+
 def load_data(args, runtime: Runtime, backend: str):
     """Train and val loaders over the same dataset, sharded by the global rank, and the class names."""
+    if args.multi_label:
+        return load_multilabel_data(args, runtime, backend)
     data = args.data
     if data is None:
         data = build_on_rank0(runtime, lambda: ensure_classification(size=args.sample_size)) / "imagefolder"
@@ -134,14 +173,19 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
                                  weight_decay=args.weight_decay)
     scheduler = create_scheduler(optimizer, epochs=args.epochs, steps_per_epoch=len(train_loader),
                                  warmup_epochs=args.lr_warmup_epochs)
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    if args.multi_label:
+        criterion = torch.nn.BCEWithLogitsLoss()  # one sigmoid per class: any number of labels per image
+    else:
+        criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    metric = "val_map" if args.multi_label else "val_top1"
     amp = MixedPrecision(enabled=args.amp, runtime=runtime)
 
     run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="pytorch",
                              arch=args.arch)
     run_dir = agree_run_dir(runtime, run_dir)
-    checkpointer = Checkpointer(run_dir, runtime=runtime, metric="val_top1", meta={
+    checkpointer = Checkpointer(run_dir, runtime=runtime, metric=metric, meta={
         "task": "classification", "framework": "pytorch", "arch": args.arch, "num_classes": num_classes,
+        "multi_label": args.multi_label,
         "class_names": class_names, "config": plain_config(args)})
     ddp_model = runtime.wrap_model(model)
     optimizer = runtime.wrap_optimizer(optimizer, model)
@@ -156,10 +200,14 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
 
     if args.test_only:
         stats = evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp=amp, num_classes=num_classes,
-                         channels_last=args.channels_last)
-        top5 = f" top5 {stats['val_top5']:.2f}" if "val_top5" in stats else ""
-        log.info("test: val loss %.4f top1 %.2f%s over %d samples", stats["val_loss"], stats["val_top1"], top5,
-                 stats["val_samples"])
+                         channels_last=args.channels_last, multi_label=args.multi_label)
+        if args.multi_label:
+            log.info("test: val loss %.4f mAP %.2f F1 %.2f over %d samples", stats["val_loss"], stats["val_map"],
+                     stats["val_f1"], stats["val_samples"])
+        else:
+            top5 = f" top5 {stats['val_top5']:.2f}" if "val_top5" in stats else ""
+            log.info("test: val loss %.4f top1 %.2f%s over %d samples", stats["val_loss"], stats["val_top1"], top5,
+                     stats["val_samples"])
         metrics.write(event="test", **stats)
         return stats
 
@@ -170,10 +218,10 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
         stats = train_one_epoch(ddp_model, criterion, optimizer, scheduler, train_loader, amp=amp, tracker=tracker,
                                 runtime=runtime, channels_last=args.channels_last)
         stats |= evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp=amp, num_classes=num_classes,
-                          channels_last=args.channels_last)
+                          channels_last=args.channels_last, multi_label=args.multi_label)
         tracker.end_epoch(stats)
     if runtime.dist.is_main:
-        finish_run(run_dir, metrics=metrics, metric="val_top1")
+        finish_run(run_dir, metrics=metrics, metric=metric)
     metrics.close()
     return stats
 

@@ -207,6 +207,39 @@ def evaluate_classifier(model: torch.nn.Module, criterion: torch.nn.Module, load
     return stats | {f"val_top{k}": 100 * c / max(seen, 1) for k, c in zip(ks, correct)}
 
 
+@torch.inference_mode()
+def evaluate_multilabel(model: torch.nn.Module, criterion: torch.nn.Module, loader: Iterable, *, runtime: Runtime,
+                        amp: MixedPrecision, channels_last: bool = False) -> dict[str, float]:
+    """Binary cross-entropy, mAP and macro F1 (sigmoid >= 0.5) over every val sample, each seen
+    once across all ranks: the scores are gathered, since average precision ranks them all."""
+    from crossdali.common.multilabel import multilabel_metrics
+
+    model.eval()
+    device = runtime.device
+    loss_sum, scores, targets = 0.0, [], []
+    start = time.perf_counter()
+    for inputs, target in loader:
+        inputs, target = inputs.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        if channels_last:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        with amp.autocast():
+            output = model(inputs).float()
+        loss_sum += float(criterion(output, target)) * inputs.shape[0]
+        scores.append(torch.sigmoid(output).cpu())
+        targets.append(target.cpu())
+    mine = (torch.cat(scores).numpy(), torch.cat(targets).numpy()) if scores else None
+    parts = [p for p in gather_objects(runtime, mine) if p is not None]
+    (loss_sum,) = runtime.all_reduce_sum([loss_sum])
+    seen = sum(len(p[0]) for p in parts)  # the gathered parts are every rank's already
+    stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
+    if not parts:
+        return stats
+    import numpy as np
+
+    found = multilabel_metrics(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    return stats | {"val_map": found["map"], "val_f1": found["f1"]}
+
+
 class SyntheticBatches:
     """One batch of tensors, repeated ``num_batches`` times per epoch: the model's speed without
     any input pipeline (``--data-backend synthetic``). Same loader contract as the real ones."""

@@ -20,6 +20,9 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
           "--lr", "--lr-warmup-epochs", "--momentum", "--wd", "--weight-decay", "--label-smoothing", "--engine", "--amp",
           "--channels-last", "--resume", "--test-only", "--output-dir", "--checkpoint-every", "--seed", "--print-freq",
           "--debug", "-h", "--help"]
+#: Flags one framework has and the others do not yet, each named here so a new one is a decision:
+#: multi-label training exists in the PyTorch script only (its loader is PyTorch's external-source one).
+ONLY_IN = {"pytorch": {"--multi-label"}}
 
 
 def _parser(framework: str):
@@ -33,7 +36,7 @@ def test_every_classification_script_has_the_shared_options(framework):
     parser, _ = _parser(framework)
     options = {o for action in parser._actions for o in action.option_strings}
     assert sorted(set(SHARED) - options) == [], f"{framework} lacks shared flags"
-    assert sorted(options - set(SHARED)) == [], f"{framework} has flags the others lack"
+    assert sorted(options - set(SHARED)) == sorted(ONLY_IN.get(framework, ())), f"{framework} has flags the others lack"
 
 
 @pytest.mark.parametrize("framework", SCRIPTS)

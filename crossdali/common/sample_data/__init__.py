@@ -15,6 +15,7 @@ from crossdali.common.sample_data.classification import (
     class_names,
 )
 from crossdali.common.sample_data.detection import ensure_detection
+from crossdali.common.sample_data.multilabel import MULTILABEL_SIZES, build_multilabel
 from crossdali.common.sample_data.video import ensure_video
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "default_root",
     "ensure_classification",
     "ensure_detection",
+    "ensure_multilabel",
     "BUILDERS",
 ]
 
@@ -47,5 +49,14 @@ def ensure_classification(root: Path | None = None, size: str = "small", *,
     return build_classification(root / size, SIZES[size], formats=formats)
 
 
+def ensure_multilabel(root: Path | None = None, size: str = "small") -> Path:
+    """Build the multi-label sample set (grids of 1-3 class photos) of the named ``size`` if missing."""
+    if size not in MULTILABEL_SIZES:
+        raise ValueError(f"unknown sample size {size!r}; choose one of {sorted(MULTILABEL_SIZES)}")
+    root = Path(root) if root is not None else default_root()
+    return build_multilabel(root / size, MULTILABEL_SIZES[size])
+
+
 #: kind -> builder(root, size) -> folder. ``make-data --kind`` chooses among these.
-BUILDERS = {"classification": ensure_classification, "detection": ensure_detection, "video": ensure_video}
+BUILDERS = {"classification": ensure_classification, "detection": ensure_detection, "video": ensure_video,
+            "multilabel": ensure_multilabel}

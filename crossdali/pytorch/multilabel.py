@@ -1,0 +1,65 @@
+"""``create_multilabel_loader``: (images, multi-hot labels) torch batches from a multi-label list.
+
+The list is read by ``crossdali.common.multilabel`` and fed through the external-source loader
+(``crossdali.pytorch.external``): DALI's Python workers read the files, DALI decodes and runs the
+shared train or val transform, labels come out as ``(N, classes)`` float32 multi-hot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crossdali.common.distributed import DistInfo
+from crossdali.common.external import ExternalSourceOptions
+from crossdali.common.multilabel import MultiLabelSource, read_multilabel_list
+from crossdali.common.sources import DataError
+from crossdali.pytorch.external import ExternalSourceLoader, create_external_source_loader
+
+__all__ = ["create_multilabel_loader", "resolve_multilabel_source"]
+
+
+def resolve_multilabel_source(data: str | Path, split: str, *, validate: bool = True, exclude=None) -> MultiLabelSource:
+    """``data/<split>.txt`` or ``data/<split>.csv`` (or ``data`` itself when it is a list file)."""
+    data = Path(data)
+    if data.is_file():
+        return read_multilabel_list(data, validate=validate, exclude=exclude)
+    for name in (f"{split}.txt", f"{split}.csv"):
+        if (data / name).is_file():
+            return read_multilabel_list(data / name, validate=validate, exclude=exclude)
+    raise DataError(f"no multi-label {split} list in {data}: expected {data / (split + '.txt')} or "
+                    f"{data / (split + '.csv')} ('<image path> <label> <label> ...' per line)")
+
+
+def create_multilabel_loader(
+    data: str | Path | MultiLabelSource,
+    *,
+    train: bool,
+    backend: str = "dali-cpu",
+    batch_size: int = 256,
+    crop_size: int = 224,
+    workers: int = 4,
+    py_workers: int = 2,
+    seed: int = 0,
+    dist: DistInfo | None = None,
+    device_id: int | None = None,
+    dtype: str = "float32",
+    checkpointing: bool = True,
+    exclude=None,
+) -> ExternalSourceLoader:
+    """``(images, labels)`` for the train or val split of a multi-label list: float NCHW images
+    (crossdali's train or val transform) and ``(N, classes)`` float32 multi-hot labels.
+
+    ``data``: a folder with ``train.txt``/``val.txt`` (or ``.csv``), a list file, or a resolved
+    ``MultiLabelSource``. ``py_workers``: DALI's Python worker processes reading the files (0:
+    read in this process); ``workers``: DALI's threads. Every sample once per epoch across the ``dist`` shards, reshuffled
+    every training epoch; ``checkpointing`` makes ``state_dict()`` resume mid-epoch.
+    """
+    source = data if isinstance(data, MultiLabelSource) else \
+        resolve_multilabel_source(data, "train" if train else "val", exclude=exclude)
+    return create_external_source_loader(
+        source, train=train, backend=backend, batch_size=batch_size, crop_size=crop_size, workers=workers,
+        seed=seed, dist=dist, device_id=device_id, dtype=dtype, checkpointing=checkpointing, multi_label=True,
+        num_classes=source.num_classes, name=repr(source),
+        # spawn, not fork: measured here, a train and a val loader forking their workers in one process
+        # (each fork copies the other pool's locks mid-use) hung in DALI's worker queue within an epoch
+        feed=ExternalSourceOptions(parallel=py_workers > 0, py_workers=max(1, py_workers), py_start_method="spawn"))
