@@ -13,8 +13,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 from crossdali.pytorch.detection import DETECTION_BACKENDS, create_detection_loader
 from crossdali.pytorch.external import create_external_source_loader
 from crossdali.pytorch.loaders import BACKENDS, create_classification_loader
-from crossdali.pytorch.multilabel import create_multilabel_loader
 from crossdali.pytorch.video import VIDEO_BACKENDS, create_video_loader
 
 __all__ = ["BACKENDS", "VIDEO_BACKENDS", "DETECTION_BACKENDS", "create_classification_loader", "create_video_loader",
-           "create_detection_loader", "create_external_source_loader", "create_multilabel_loader"]
+           "create_detection_loader", "create_external_source_loader"]
+# create_multilabel_loader: ``from crossdali.pytorch.multilabel import create_multilabel_loader`` (it
+# imports scikit-learn, which the other loaders do not need)

@@ -184,24 +184,30 @@ def accuracy_counts(output: torch.Tensor, target: torch.Tensor, topk: tuple[int,
     return [int(correct[:, : min(k, maxk)].any(dim=1).sum()) for k in topk]
 
 
-@torch.inference_mode()
-def evaluate_classifier(model: torch.nn.Module, criterion: torch.nn.Module, loader: Iterable, *, runtime: Runtime,
-                        amp: MixedPrecision, num_classes: int, channels_last: bool = False) -> dict[str, float]:
-    """Loss and top-k (k < classes) over every val sample, each seen once across all ranks."""
+def val_outputs(model: torch.nn.Module, loader: Iterable, *, runtime: Runtime, amp: MixedPrecision,
+                channels_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(float32 model output, target)`` of every val batch on the device (call in inference mode)."""
     model.eval()
-    device = runtime.device
-    ks = topk_for(num_classes)
-    loss_sum, seen, correct = 0.0, 0, [0] * len(ks)
-    start = time.perf_counter()
     for inputs, target in loader:
-        inputs, target = inputs.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        inputs, target = inputs.to(runtime.device, non_blocking=True), target.to(runtime.device, non_blocking=True)
         if channels_last:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         with amp.autocast():
             output = model(inputs)
-        loss_sum += float(criterion(output.float(), target)) * inputs.shape[0]
+        yield output.float(), target
+
+
+@torch.inference_mode()
+def evaluate_classifier(model: torch.nn.Module, criterion: torch.nn.Module, loader: Iterable, *, runtime: Runtime,
+                        amp: MixedPrecision, num_classes: int, channels_last: bool = False) -> dict[str, float]:
+    """Loss and top-k (k < classes) over every val sample, each seen once across all ranks."""
+    ks = topk_for(num_classes)
+    loss_sum, seen, correct = 0.0, 0, [0] * len(ks)
+    start = time.perf_counter()
+    for output, target in val_outputs(model, loader, runtime=runtime, amp=amp, channels_last=channels_last):
+        loss_sum += float(criterion(output, target)) * output.shape[0]
         correct = [c + n for c, n in zip(correct, accuracy_counts(output, target, ks))]
-        seen += inputs.shape[0]
+        seen += output.shape[0]
     loss_sum, seen, *correct = runtime.all_reduce_sum([loss_sum, seen, *correct])
     stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
     return stats | {f"val_top{k}": 100 * c / max(seen, 1) for k, c in zip(ks, correct)}
@@ -214,17 +220,10 @@ def evaluate_multilabel(model: torch.nn.Module, criterion: torch.nn.Module, load
     once across all ranks: the scores are gathered, since average precision ranks them all."""
     from crossdali.common.multilabel import multilabel_metrics
 
-    model.eval()
-    device = runtime.device
     loss_sum, scores, targets = 0.0, [], []
     start = time.perf_counter()
-    for inputs, target in loader:
-        inputs, target = inputs.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        if channels_last:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        with amp.autocast():
-            output = model(inputs).float()
-        loss_sum += float(criterion(output, target)) * inputs.shape[0]
+    for output, target in val_outputs(model, loader, runtime=runtime, amp=amp, channels_last=channels_last):
+        loss_sum += float(criterion(output, target)) * output.shape[0]
         scores.append(torch.sigmoid(output).cpu())
         targets.append(target.cpu())
     mine = (torch.cat(scores).numpy(), torch.cat(targets).numpy()) if scores else None

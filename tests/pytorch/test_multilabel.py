@@ -10,7 +10,7 @@ import torch
 from crossdali.common.distributed import DistInfo
 from crossdali.common.multilabel import multilabel_metrics, read_multilabel_list
 from crossdali.common.sources import DataError
-from crossdali.pytorch import create_multilabel_loader
+from crossdali.pytorch.multilabel import create_multilabel_loader
 
 
 @pytest.fixture(scope="module")
