@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from crossdali.common.check.records import MAX_LABEL_DIGITS
 from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import (
     TFRECORD_IMAGE_KEY,
@@ -116,7 +117,7 @@ def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
     return jpegs, fn.cast(labels, dtype=types.INT64)
 
 
-def decimal_text_to_int(text, *, max_digits: int = 12):
+def decimal_text_to_int(text, *, max_digits: int = MAX_LABEL_DIGITS):
     """The integer written as decimal text in ``text`` (uint8 bytes, e.g. WebDataset's ``.cls``
     ``b"12\\n"``), as int64 of shape (1,). Characters other than digits are skipped, so
     surrounding whitespace is fine; ``crossdali check`` refuses anything else, and texts over

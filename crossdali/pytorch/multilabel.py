@@ -18,14 +18,17 @@ from crossdali.pytorch.external import ExternalSourceLoader, create_external_sou
 __all__ = ["create_multilabel_loader", "resolve_multilabel_source"]
 
 
-def resolve_multilabel_source(data: str | Path, split: str, *, validate: bool = True, exclude=None) -> MultiLabelSource:
-    """``data/<split>.txt`` or ``data/<split>.csv`` (or ``data`` itself when it is a list file)."""
+def resolve_multilabel_source(data: str | Path, split: str, *, validate: bool = True, exclude=None,
+                              classes: tuple[str, ...] | None = None) -> MultiLabelSource:
+    """``data/<split>.txt`` or ``data/<split>.csv`` (or ``data`` itself when it is a list file).
+    ``classes``: the label order to use (pass the train split's to val, which may lack a class)."""
     data = Path(data)
+    kwargs = dict(validate=validate, exclude=exclude, classes=classes)
     if data.is_file():
-        return read_multilabel_list(data, validate=validate, exclude=exclude)
+        return read_multilabel_list(data, **kwargs)
     for name in (f"{split}.txt", f"{split}.csv"):
         if (data / name).is_file():
-            return read_multilabel_list(data / name, validate=validate, exclude=exclude)
+            return read_multilabel_list(data / name, **kwargs)
     raise DataError(f"no multi-label {split} list in {data}: expected {data / (split + '.txt')} or "
                     f"{data / (split + '.csv')} ('<image path> <label> <label> ...' per line)")
 

@@ -108,10 +108,8 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
         data = build_on_rank0(runtime, lambda: ensure_multilabel(size=args.sample_size))
     check = dict(exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_multilabel_source(data, "train", **check)
-    val_src = resolve_multilabel_source(data, "val", **check)
-    if val_src.classes != train_src.classes:
-        raise UsageError(f"{train_src.list_path} and {val_src.list_path} name different classes: put the class "
-                         f"names, one a line, in {train_src.root / 'classes.txt'}")
+    # val in the train split's label order: a class that val happens to lack must not shift the others
+    val_src = resolve_multilabel_source(data, "val", classes=train_src.classes, **check)
     if args.num_classes and args.num_classes != train_src.num_classes:
         raise UsageError(f"--num-classes {args.num_classes} but {train_src.list_path} has {train_src.num_classes} "
                          "classes; leave --num-classes out")
