@@ -1,1 +1,5 @@
 """Framework-free DALI pipelines and helpers. Never imports torch, tensorflow or mxnet."""
+
+from crossdali.common import fork_safety
+
+fork_safety.install()  # before any DALI or DataLoader worker is forked from this process

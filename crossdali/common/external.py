@@ -32,7 +32,6 @@ sample's index, not converted: a training set should be fixed once, not on every
 from __future__ import annotations
 
 import contextlib
-import gc
 import inspect
 import itertools
 import logging
@@ -368,28 +367,7 @@ def create_external_source_pipeline(callback, *, batch: bool, train: bool, optio
             labels = labels.gpu()
         return images, labels
 
-    pipe = external_pipeline()
-    if parallel and py_start_method == "fork":
-        start_forked_workers(pipe)
-    return pipe
-
-
-def start_forked_workers(pipe) -> None:
-    """Fork the pipeline's DALI Python workers with this process's objects frozen out of the garbage collector.
-
-    A forked worker inherits every object of this process. When one of them is a finished DALI
-    pipeline waiting in a reference cycle, the worker's own garbage collection runs
-    ``Pipeline.__del__`` on a backend whose threads do not exist in the child: the worker crashes
-    (a segfault in CI) and the loader fails or waits on it. So: collect first, freeze what is left
-    (a frozen object is never collected, in the parent or in the child that inherits it), fork,
-    then unfreeze in the parent. Hand-written: DALI forks inside ``start_py_workers`` and offers no hook.
-    """
-    gc.collect()
-    gc.freeze()
-    try:
-        pipe.start_py_workers()
-    finally:
-        gc.unfreeze()
+    return external_pipeline()
 
 
 @contextlib.contextmanager
