@@ -69,6 +69,38 @@ def assert_epoch_coverage():
     return _assert_epoch_coverage
 
 
+def _assert_finished_run(run_dir: Path, *, epochs: int, framework: str) -> list[dict]:
+    """What every training script leaves in its run folder (``crossdali.common.runs``): a start
+    record, step records every epoch, one epoch record per epoch, the summary of the best epoch,
+    and the curves as a PNG. Returns the records."""
+    from crossdali.common.metrics import read_metrics
+    from crossdali.common.runs import PLOT_NAME
+
+    records = read_metrics(run_dir)
+    assert records[0]["event"] == "start" and records[0]["framework"] == framework
+    per_epoch = [r for r in records if r["event"] == "epoch"]
+    assert [r["epoch"] for r in per_epoch][-epochs:] == list(range(per_epoch[-1]["epoch"] - epochs + 1,
+                                                                    per_epoch[-1]["epoch"] + 1))
+    steps = [r for r in records if r["event"] == "step"]
+    for e in per_epoch[-epochs:]:
+        mine = [s for s in steps if s["epoch"] == e["epoch"]]
+        assert mine and [s["step"] for s in mine] == list(range(1, len(mine) + 1))
+        assert sum(s["samples"] for s in mine) == e["train_samples"]  # every step recorded, all ranks counted
+        assert all(s["step_s"] >= s["data_wait_s"] >= 0 for s in mine)
+    summary = records[-1]
+    assert summary["event"] == "summary" and summary["metric"] == "val_top1"
+    assert summary["best"] == max(e["val_top1"] for e in per_epoch)
+    assert summary["last"] == per_epoch[-1]["val_top1"] and summary["eval_seconds"] > 0
+    assert (run_dir / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return records
+
+
+@pytest.fixture(scope="session")
+def assert_finished_run():
+    """The one check of a training run's folder, used for every framework's script."""
+    return _assert_finished_run
+
+
 HOROVOD_SCRIPT = "scripts/install-horovod"
 
 

@@ -13,11 +13,11 @@ import math
 import time
 from pathlib import Path
 
-from crossdali.common.metrics import MetricsWriter, latest_records, read_metrics
-from crossdali.common.progress import format_duration
+from crossdali.common.metrics import MetricsWriter, format_epoch_line, latest_records, read_metrics
+from crossdali.common.progress import EpochProgress, format_duration
 
-__all__ = ["PLOT_NAME", "default_run_dir", "choose_run_dir", "open_metrics", "plain_config", "summarize", "format_summary",
-           "plot_run", "finish_run"]
+__all__ = ["PLOT_NAME", "default_run_dir", "choose_run_dir", "open_metrics", "plain_config", "StepLog", "epoch_line",
+           "summarize", "format_summary", "plot_run", "finish_run"]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ def choose_run_dir(output_dir: Path | None, *, resume: Path | None, task: str, f
     training leaves no empty folder behind."""
     if output_dir is not None:
         return Path(output_dir)
-    if resume is not None:
-        return Path(resume).parent
+    if resume is not None:  # a checkpoint file, or the folder that holds it (TensorFlow, MXNet, JAX)
+        return Path(resume) if Path(resume).is_dir() else Path(resume).parent
     return default_run_dir(task=task, framework=framework, arch=arch)
 
 
@@ -71,6 +71,39 @@ def plain_config(args: argparse.Namespace | dict) -> dict:
             value = repr(value)
         out[key] = value
     return out
+
+
+class StepLog:
+    """One epoch's per-step bookkeeping for the scripts that run their own loop (TensorFlow, MXNet,
+    JAX): the ``step`` record of ``metrics.jsonl`` (what the summary and the plot read) and the
+    progress bar or lines. PyTorch's ``StepTracker`` does the same, plus mid-epoch checkpoints."""
+
+    def __init__(self, metrics: MetricsWriter, *, epoch: int, epochs: int, total: int, world_size: int = 1,
+                 enabled: bool = True, print_freq: int = 10, unit: str = "img") -> None:
+        self.metrics, self.epoch, self.world_size, self.step = metrics, epoch, world_size, 0
+        self.progress = EpochProgress(total=total, desc=f"epoch {epoch + 1}/{epochs}", enabled=enabled,
+                                      print_freq=print_freq, unit=unit)
+
+    def update(self, *, loss: float, lr: float, samples: int, step_seconds: float, data_wait_seconds: float) -> None:
+        """A step done: its loss and lr, this rank's samples, its time (data wait included) and data wait."""
+        self.step += 1
+        samples *= self.world_size
+        self.metrics.write(event="step", epoch=self.epoch + 1, step=self.step, loss=loss, lr=lr, samples=samples,
+                           step_s=step_seconds, data_wait_s=data_wait_seconds)
+        self.progress.update(loss=loss, lr=lr, samples=samples, step_seconds=step_seconds,
+                             data_wait_seconds=data_wait_seconds)
+
+    def close(self) -> None:
+        self.progress.close()
+
+
+def epoch_line(epoch: int, epochs: int, stats: dict, *, unit: str = "img") -> str:
+    """The epoch's log line with the run's ETA (the epochs left at this epoch's train + eval time)."""
+    line = format_epoch_line(epoch, epochs, stats, unit=unit)
+    left = epochs - epoch - 1
+    if left:
+        line += f"  eta {format_duration(left * (stats.get('train_seconds', 0.0) + stats.get('eval_seconds', 0.0)))}"
+    return line
 
 
 def summarize(records: list[dict], *, metric: str, higher_is_better: bool = True) -> dict:

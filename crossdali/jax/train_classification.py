@@ -27,7 +27,7 @@ import optax
 from flax.training import train_state
 
 from crossdali.common.distributed import detect_distributed
-from crossdali.common.metrics import MetricsWriter, format_epoch_line
+from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
@@ -52,7 +52,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                  checkpoint_every=True, checkpoint_every_default=0,
                  checkpoint_every_help=f"accepted for the PyTorch script's command lines; the JAX script saves "
                                        f"{CHECKPOINT} at epoch ends only",
-                 debug=True, resume_help=f"{CHECKPOINT} (or its folder) to resume from")
+                 debug=True, run_dir=True, resume_help=f"{CHECKPOINT} (or its folder) to resume from")
     return parser
 
 
@@ -85,32 +85,31 @@ def make_steps(model, *, num_classes: int, label_smoothing: float):
     return train_step, eval_step
 
 
-def train_one_epoch(train_step, state: TrainState, loader, *, device, epoch: int, schedule,
-                    print_freq: int) -> tuple[TrainState, dict[str, float]]:
-    loss_sum, seen, data_wait = jnp.zeros(()), 0, 0.0
-    start = last = time.perf_counter()
+def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
+                    steps: StepLog) -> tuple[TrainState, dict[str, float]]:
+    loss_sum, seen, data_wait = 0.0, 0, 0.0
+    start = time.perf_counter()
     it = iter(loader)
-    steps = len(loader)
-    for step in range(steps):
+    for _ in range(len(loader)):
         t0 = time.perf_counter()
         try:
             images, labels = next(it)
         except StopIteration:
             break
-        data_wait += time.perf_counter() - t0
+        wait = time.perf_counter() - t0
+        data_wait += wait
         # a no-op for dali-gpu; dali-cpu batches live on JAX's CPU device and move to the step's device
         images, labels = jax.device_put((images, labels), device)
         state, loss = train_step(state, images, labels)
         n = int(images.shape[0])
-        loss_sum, seen = loss_sum + loss * n, seen + n
-        if print_freq and (step + 1) % print_freq == 0:
-            now = time.perf_counter()
-            log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
-                     steps, float(loss), float(schedule(state.step - 1)), print_freq * n / (now - last), data_wait)
-            last = now
+        value = float(loss)  # waits for the step (as PyTorch's loop does): step times are real
+        loss_sum, seen = loss_sum + value * n, seen + n
+        steps.update(loss=value, lr=float(schedule(state.step - 1)), samples=n,
+                     step_seconds=time.perf_counter() - t0, data_wait_seconds=wait)
+    steps.close()
     for _ in it:  # a shard may end with a skipped padding-only batch: finish the epoch
         pass
-    loss_total = float(loss_sum)  # waits for the last step
+    loss_total = loss_sum
     elapsed = time.perf_counter() - start
     return state, {"train_loss": loss_total / max(seen, 1), "train_img_s": seen / elapsed, "data_wait_s": data_wait,
                    "train_samples": seen, "train_seconds": elapsed}
@@ -120,12 +119,13 @@ def evaluate(eval_step, state: TrainState, loader, *, device) -> dict[str, float
     """Loss and top-1/top-5 over the whole val set: every sample once (the last batch is smaller,
     which costs one more compilation of ``eval_step``)."""
     loss_sum, c1, c5, seen = jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), 0
+    start = time.perf_counter()
     for images, labels in loader:
         loss, top1, top5 = eval_step(state, *jax.device_put((images, labels), device))
         loss_sum, c1, c5, seen = loss_sum + loss, c1 + top1, c5 + top5, seen + int(images.shape[0])
     n = max(seen, 1)
     return {"val_loss": float(loss_sum) / n, "val_top1": 100 * int(c1) / n, "val_top5": 100 * int(c5) / n,
-            "val_samples": seen}
+            "val_samples": seen, "eval_seconds": time.perf_counter() - start}
 
 
 def load_data(args, backend: str):
@@ -198,8 +198,11 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         log.info("resumed from %s at epoch %d", path, start_epoch + 1)
     state = jax.device_put(state, device)
 
-    metrics = MetricsWriter(args.output_dir)
-    metrics.write(event="start", framework="jax", arch=args.arch, backend=backend, world_size=1,
+    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="jax",
+                             arch=args.arch)
+    metrics = open_metrics(run_dir, continuing=args.resume is not None)
+    log.info("outputs: %s", run_dir)
+    metrics.write(event="start", task="classification", framework="jax", arch=args.arch, backend=backend, world_size=1,
                   batch_size=args.batch_size, lr=base_lr, epochs=args.epochs, device=str(device))
     train_step, eval_step = make_steps(model, num_classes=num_classes, label_smoothing=args.label_smoothing)
     if args.test_only:
@@ -211,19 +214,21 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
     stats: dict[str, float] = {}
     for epoch in range(start_epoch, args.epochs):
-        state, stats = train_one_epoch(train_step, state, train_loader, device=device, epoch=epoch, schedule=schedule,
-                                       print_freq=args.print_freq)
+        steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=steps_per_epoch, print_freq=args.print_freq)
+        state, stats = train_one_epoch(train_step, state, train_loader, device=device, schedule=schedule, steps=steps)
         stats |= evaluate(eval_step, state, val_loader, device=device)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
-        log.info(format_epoch_line(epoch, args.epochs, stats))
+        log.info(epoch_line(epoch, args.epochs, stats))
         metrics.write(event="epoch", epoch=epoch + 1, lr=float(schedule((epoch + 1) * steps_per_epoch - 1)), **stats)
-        if args.output_dir is not None:
-            saved = {"state": flax.serialization.to_state_dict(jax.device_get(state)), "epoch": epoch + 1,
-                     "loader": train_loader.state_dict()}
-            tmp = args.output_dir / f".{CHECKPOINT}.partial"
-            tmp.write_bytes(flax.serialization.msgpack_serialize(saved))
-            tmp.replace(args.output_dir / CHECKPOINT)
+        saved = {"state": flax.serialization.to_state_dict(jax.device_get(state)), "epoch": epoch + 1,
+                 "loader": train_loader.state_dict()}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f".{CHECKPOINT}.partial"
+        tmp.write_bytes(flax.serialization.msgpack_serialize(saved))
+        tmp.replace(run_dir / CHECKPOINT)
+    finish_run(run_dir, metrics=metrics, metric="val_top1")
+    metrics.close()
     return stats
 
 

@@ -25,7 +25,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from crossdali.common.metrics import MetricsWriter, format_epoch_line
+from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
 from crossdali.common.sample_data import class_names, ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
@@ -87,9 +87,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                  checkpoint_every=True, checkpoint_every_default=0,
                  checkpoint_every_help="accepted for the PyTorch script's command lines; the MXNet script saves at "
                                        "epoch ends only (its loaders can resume mid-epoch: state_dict)",
-                 debug=True,
+                 debug=True, run_dir=True,
                  engine_help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher",
-                 resume_help="checkpoint (.params) to resume from")
+                 resume_help="checkpoint (.params, or its folder) to resume from")
     return parser
 
 
@@ -114,15 +114,15 @@ def _real_rows(batch: mx.io.DataBatch) -> tuple[mx.nd.NDArray, mx.nd.NDArray, in
     return images, labels, valid
 
 
-def train_one_epoch(net, loss_fn, trainer, loader, *, epoch: int, runtime: Runtime, amp: bool,
-                    print_freq: int) -> dict[str, float]:
+def train_one_epoch(net, loss_fn, trainer, loader, *, runtime: Runtime, amp: bool, steps: StepLog) -> dict[str, float]:
     ctx = runtime.context
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     loader.reset()
-    start = last = time.perf_counter()
+    start = time.perf_counter()
     batch_end = start
-    for step, batch in enumerate(loader):
-        data_wait += time.perf_counter() - batch_end
+    for batch in loader:
+        wait = time.perf_counter() - batch_end
+        data_wait += wait
         images, target, valid = _real_rows(batch)
         images, target = images.as_in_context(ctx), target.as_in_context(ctx)
         with autograd.record():
@@ -138,13 +138,11 @@ def train_one_epoch(net, loss_fn, trainer, loader, *, epoch: int, runtime: Runti
         batch_loss = float(loss.sum().asscalar())  # also waits for the step (MXNet runs ops asynchronously)
         loss_sum += batch_loss
         seen += valid
-        if print_freq and (step + 1) % print_freq == 0:
-            now = time.perf_counter()
-            log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
-                     len(loader), batch_loss / max(valid, 1), trainer.learning_rate,
-                     print_freq * valid * runtime.dist.world_size / (now - last), data_wait)
-            last = now
-        batch_end = time.perf_counter()
+        now = time.perf_counter()
+        steps.update(loss=batch_loss / max(valid, 1), lr=trainer.learning_rate, samples=valid,
+                     step_seconds=now - batch_end, data_wait_seconds=wait)
+        batch_end = now
+    steps.close()
     mx.nd.waitall()
     elapsed = time.perf_counter() - start
     loss_total, seen_total, _ = runtime.all_reduce_sum([loss_sum, seen, data_wait])
@@ -156,6 +154,7 @@ def evaluate(net, loss_fn, loader, *, runtime: Runtime) -> dict[str, float]:
     """Loss and top-1/top-5 over the whole val set: every sample once across all ranks."""
     ctx = runtime.context
     loss_sum, correct1, correct5, seen = 0.0, 0, 0, 0
+    start = time.perf_counter()
     loader.reset()
     for batch in loader:
         images, target, valid = _real_rows(batch)
@@ -166,7 +165,8 @@ def evaluate(net, loss_fn, loader, *, runtime: Runtime) -> dict[str, float]:
         correct1, correct5, seen = correct1 + c1, correct5 + c5, seen + valid
     loss_sum, correct1, correct5, seen = runtime.all_reduce_sum([loss_sum, correct1, correct5, seen])
     return {"val_loss": loss_sum / max(seen, 1), "val_top1": 100 * correct1 / max(seen, 1),
-            "val_top5": 100 * correct5 / max(seen, 1), "val_samples": int(seen)}
+            "val_top5": 100 * correct5 / max(seen, 1), "val_samples": int(seen),
+            "eval_seconds": time.perf_counter() - start}
 
 
 def load_data(args, runtime: Runtime, backend: str):
@@ -224,6 +224,9 @@ def _use_amp(requested: bool, context: mx.Context) -> bool:
     return False
 
 
+CHECKPOINT = "checkpoint.params"  # with checkpoint.states (the trainer) and checkpoint.json (epoch, config)
+
+
 def _checkpoint_paths(params: Path) -> tuple[Path, Path, Path]:
     return params, params.with_suffix(".states"), params.with_suffix(".json")
 
@@ -279,6 +282,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
     start_epoch = 0
     if args.resume is not None:
+        if args.resume.is_dir():  # the run folder: its checkpoint
+            args.resume = args.resume / CHECKPOINT
         params, states, meta = _checkpoint_paths(args.resume)
         for path in (params, states, meta):
             if not path.is_file():
@@ -288,9 +293,11 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         start_epoch = json.loads(meta.read_text())["epoch"] + 1
         log.info("resumed from %s at epoch %d", params, start_epoch + 1)
 
-    metrics = MetricsWriter(args.output_dir, enabled=runtime.dist.is_main)
-    metrics.write(event="start", arch=arch, backend=backend, precision="float16 (AMP)" if amp else "float32",
-                  layout="NCHW", world_size=runtime.dist.world_size,
+    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="mxnet", arch=arch)
+    metrics = open_metrics(run_dir, continuing=args.resume is not None, enabled=runtime.dist.is_main)
+    log.info("outputs: %s", run_dir)
+    metrics.write(event="start", task="classification", arch=arch, backend=backend,
+                  precision="float16 (AMP)" if amp else "float32", layout="NCHW", world_size=runtime.dist.world_size,
                   engine=runtime.engine, batch_size=args.batch_size, lr=lr, epochs=args.epochs, framework="mxnet")
 
     if args.test_only:
@@ -302,20 +309,25 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
     stats: dict[str, float] = {}
     for epoch in range(start_epoch, args.epochs):
-        stats = train_one_epoch(net, loss_fn, trainer, train_loader, epoch=epoch, runtime=runtime, amp=amp,
-                                print_freq=args.print_freq)
+        steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=len(train_loader),
+                        world_size=runtime.dist.world_size, enabled=runtime.dist.is_main, print_freq=args.print_freq)
+        stats = train_one_epoch(net, loss_fn, trainer, train_loader, runtime=runtime, amp=amp, steps=steps)
         runtime.sync_batchnorm_stats(net)  # several workers: every rank evaluates (rank 0 saves) the same
         stats |= evaluate(net, loss_fn, val_loader, runtime=runtime)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
-        log.info(format_epoch_line(epoch, args.epochs, stats))
+        log.info(epoch_line(epoch, args.epochs, stats))
         metrics.write(event="epoch", epoch=epoch + 1, lr=trainer.learning_rate, **stats)
-        if args.output_dir is not None and runtime.dist.is_main:
-            params, states, meta = _checkpoint_paths(args.output_dir / "checkpoint.params")
+        if runtime.dist.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            params, states, meta = _checkpoint_paths(run_dir / CHECKPOINT)
             net.save_parameters(str(params))
             trainer.save_states(str(states))
             meta.write_text(json.dumps({"epoch": epoch, "arch": arch, "num_classes": num_classes,
                                         "args": {k: str(v) for k, v in vars(args).items()}}))
+    if runtime.dist.is_main:
+        finish_run(run_dir, metrics=metrics, metric="val_top1")
+    metrics.close()
     return stats
 
 

@@ -37,8 +37,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from crossdali.common.metrics import MetricsWriter, format_epoch_line, topk_for
-from crossdali.common.progress import EpochProgress, format_duration
+from crossdali.common.metrics import MetricsWriter, topk_for
+from crossdali.common.progress import EpochProgress
+from crossdali.common.runs import epoch_line
 from crossdali.common.script import TrainingStopped, UsageError, configure_logging
 from crossdali.common.train_args import resolve_backend
 from crossdali.pytorch.distributed import Runtime, init_distributed
@@ -572,11 +573,7 @@ class StepTracker:
         best = self.checkpointer.improved(state, stats)
         epoch = state.epoch
         self.metrics.write(event="epoch", epoch=epoch + 1, lr=state.optimizer.param_groups[0]["lr"], **stats)
-        line = format_epoch_line(epoch, self.epochs, stats, unit=self.unit)
-        left = self.epochs - epoch - 1
-        if left:
-            line += f"  eta {format_duration(left * (stats['train_seconds'] + stats.get('eval_seconds', 0.0)))}"
-        log.info(line + ("  (best)" if best else ""))
+        log.info(epoch_line(epoch, self.epochs, stats, unit=self.unit) + ("  (best)" if best else ""))
         state.next_epoch()
         self.checkpointer.save(state, best=best)
         self._progress = None

@@ -25,7 +25,7 @@ import time
 
 import tensorflow as tf
 
-from crossdali.common.metrics import MetricsWriter, format_epoch_line
+from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
@@ -48,7 +48,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                  checkpoint_every=True, checkpoint_every_default=0,
                  checkpoint_every_help="accepted for the PyTorch script's command lines; the TensorFlow script saves "
                                        "at epoch ends only (DALIDataset cannot restore a mid-epoch DALI position)",
-                 debug=True,
+                 debug=True, run_dir=True,
                  engine_help="gradient averaging; auto: horovod when a launcher started several processes, "
                              "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set",
                  resume_help="checkpoint (prefix or folder) to resume from")
@@ -115,30 +115,27 @@ def make_train_step(model, optimizer, loss_fn, runtime: Runtime):
     return distributed_step
 
 
-def train_one_epoch(train_step, optimizer, loader, *, epoch: int, step0: int, schedule, runtime: Runtime,
-                    print_freq: int) -> dict[str, float]:
+def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runtime: Runtime,
+                    steps: StepLog) -> dict[str, float]:
     loss_sum, seen, data_wait = 0.0, 0, 0.0
-    start = last = time.perf_counter()
+    start = time.perf_counter()
     it = iter(loader)
-    steps = len(loader)
-    for step in range(steps):
+    for step in range(len(loader)):
         t0 = time.perf_counter()
         try:
             images, labels = next(it)
         except StopIteration:
             break
-        data_wait += time.perf_counter() - t0
-        optimizer.learning_rate.assign(schedule(step0 + step))
-        loss = train_step(images, labels)
+        wait = time.perf_counter() - t0
+        data_wait += wait
+        lr = schedule(step0 + step)
+        optimizer.learning_rate.assign(lr)
+        loss = float(train_step(images, labels))  # waits for the step: step times are real
         n = int(images.shape[0])
-        loss_sum += float(loss) * n
+        loss_sum += loss * n
         seen += n
-        if print_freq and (step + 1) % print_freq == 0:
-            now = time.perf_counter()
-            log.info("epoch %d step %d/%d  loss %.4f  lr %.4g  %.0f img/s  data wait %.2f s", epoch + 1, step + 1,
-                     steps, float(loss), schedule(step0 + step), print_freq * n * runtime.dist.world_size /
-                     (now - last), data_wait)
-            last = now
+        steps.update(loss=loss, lr=lr, samples=n, step_seconds=time.perf_counter() - t0, data_wait_seconds=wait)
+    steps.close()
     elapsed = time.perf_counter() - start
     loss_total, seen_total = runtime.all_reduce_sum([loss_sum, seen])
     return {"train_loss": loss_total / max(seen_total, 1), "train_img_s": seen_total / elapsed,
@@ -161,12 +158,13 @@ def make_eval_step(model):
 def evaluate(eval_step, loader, *, runtime: Runtime) -> dict[str, float]:
     """Loss and top-1/top-5 over the whole val set: every sample once across all ranks."""
     loss_sum = c1 = c5 = seen = 0.0
+    start = time.perf_counter()
     for images, labels in loader:
         loss, top1, top5 = eval_step(images, labels)
         loss_sum, c1, c5, seen = loss_sum + float(loss), c1 + float(top1), c5 + float(top5), seen + int(images.shape[0])
     loss_sum, c1, c5, seen = runtime.all_reduce_sum([loss_sum, c1, c5, seen])
     return {"val_loss": loss_sum / max(seen, 1), "val_top1": 100 * c1 / max(seen, 1),
-            "val_top5": 100 * c5 / max(seen, 1), "val_samples": int(seen)}
+            "val_top5": 100 * c5 / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
 
 
 def load_data(args, runtime: Runtime, backend: str):
@@ -255,15 +253,18 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         # tensor values and fails ("'SymbolicTensor' object has no attribute 'assign'")
         for var in [*model.variables, *optimizer.variables]:
             var.assign(runtime.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0))
+    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="tensorflow",
+                             arch=args.arch)
     manager = None
-    if args.output_dir is not None and (runtime.dist.is_main or runtime.strategy is not None):
+    if runtime.dist.is_main or runtime.strategy is not None:
         # tf.distribute: every worker takes part in saving (reads may be collective); only
         # worker 0 keeps its files
-        where = args.output_dir if runtime.dist.is_main else args.output_dir / f".worker-{runtime.dist.rank}"
+        where = run_dir if runtime.dist.is_main else run_dir / f".worker-{runtime.dist.rank}"
         manager = tf.train.CheckpointManager(ckpt, str(where), max_to_keep=2)
 
-    metrics = MetricsWriter(args.output_dir, enabled=runtime.dist.is_main)
-    metrics.write(event="start", framework="tensorflow", arch=args.arch, backend=backend,
+    metrics = open_metrics(run_dir, continuing=args.resume is not None, enabled=runtime.dist.is_main)
+    log.info("outputs: %s", run_dir)
+    metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
                   epochs=args.epochs)
     if args.test_only:
@@ -277,15 +278,17 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     eval_step = make_eval_step(model)
     stats: dict[str, float] = {}
     for epoch in range(start_epoch, args.epochs):
-        stats = train_one_epoch(train_step, optimizer, train_loader, epoch=epoch, step0=epoch * steps_per_epoch,
-                                schedule=schedule, runtime=runtime, print_freq=args.print_freq)
+        steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=steps_per_epoch,
+                        world_size=runtime.dist.world_size, enabled=runtime.dist.is_main, print_freq=args.print_freq)
+        stats = train_one_epoch(train_step, optimizer, train_loader, step0=epoch * steps_per_epoch,
+                                schedule=schedule, runtime=runtime, steps=steps)
         if runtime.hvd is not None:  # Horovod averages gradients only: every rank evaluates (and rank 0
             for var in model.non_trainable_variables:  # saves) rank 0's BatchNorm statistics
                 var.assign(runtime.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0))
         stats |= evaluate(eval_step, val_loader, runtime=runtime)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
-        log.info(format_epoch_line(epoch, args.epochs, stats))
+        log.info(epoch_line(epoch, args.epochs, stats))
         metrics.write(event="epoch", epoch=epoch + 1, lr=schedule((epoch + 1) * steps_per_epoch - 1), **stats)
         epoch_var.assign(epoch + 1)
         if manager is not None:
@@ -297,6 +300,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         metrics.write(event="end", replicas_in_sync=stats["replicas_in_sync"])
         if not stats["replicas_in_sync"]:
             log.warning("the workers' weights differ after training: gradients were not averaged")
+    if runtime.dist.is_main:
+        finish_run(run_dir, metrics=metrics, metric="val_top1")
+    metrics.close()
     return stats
 
 

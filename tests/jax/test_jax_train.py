@@ -3,8 +3,6 @@ very same run (weights, optimizer and the train loader's DALI state), evaluates.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -27,13 +25,13 @@ FAST = ["--sample-size", "tiny", "--arch", "small_cnn", "--crop-size", "64", "-b
         "--lr-warmup-epochs", "1", "-j", "2", "--print-freq", "0", "--data-backend", "dali-cpu"]
 
 
-def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeypatch):
+def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeypatch, assert_finished_run):
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     stats = main(get_args_parser().parse_args([*FAST, "--epochs", "6", "--output-dir", str(tmp_path)]))
     assert stats["val_samples"] == 55 and stats["train_samples"] == 264  # every sample once
     assert stats["val_top1"] >= THRESHOLD, stats
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert records[0]["framework"] == "jax" and records[0]["backend"] == "dali-cpu"
+    records = assert_finished_run(tmp_path, epochs=6, framework="jax")
+    assert records[0]["backend"] == "dali-cpu"
     epochs = [r for r in records if r["event"] == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, 7))
     assert {"train_img_s", "data_wait_s", "val_top1", "val_top5"} <= set(epochs[-1])
@@ -79,6 +77,16 @@ def test_resume_continues_the_same_run(data_root, tiny_classification, tmp_path,
 
     for a, b in zip(params("straight"), params("split"), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_without_output_dir_the_run_gets_its_own_folder(data_root, tiny_classification, tmp_path, monkeypatch,
+                                                        assert_finished_run):
+    monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
+    monkeypatch.chdir(tmp_path)
+    main(get_args_parser().parse_args([*FAST, "--epochs", "1", "--crop-size", "32"]))
+    run_dir, = (tmp_path / "runs").glob("classification-jax-small_cnn-*")
+    assert_finished_run(run_dir, epochs=1, framework="jax")
+    assert (run_dir / CHECKPOINT).is_file()
 
 
 def test_bad_resume_path_and_arch_are_clear_errors(data_root, tiny_classification, tmp_path, monkeypatch):

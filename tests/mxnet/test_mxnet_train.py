@@ -33,13 +33,14 @@ def _env(data_root) -> dict[str, str]:
     return {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
 
 
-def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification):
+def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification, assert_finished_run):
     out = tmp_path / "run"
     proc = subprocess.run([*TRAIN, "--epochs", str(EPOCHS), "--output-dir", str(out)], env=_env(data_root),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "data backend: dali-cpu" in proc.stderr  # says which pipeline it uses
-    epochs = [r for r in read_metrics(out) if r["event"] == "epoch"]
+    assert f"outputs in {out}" in proc.stderr  # the summary at the end
+    epochs = [r for r in assert_finished_run(out, epochs=EPOCHS, framework="mxnet") if r["event"] == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, EPOCHS + 1))
     assert all(r["val_samples"] == 55 and r["train_samples"] == 264 for r in epochs)  # padding never counted
     assert epochs[-1]["val_top1"] >= TOP1_THRESHOLD, epochs
@@ -77,17 +78,19 @@ def test_bad_arch_fails_before_any_data_is_read(tmp_path, data_root):
     assert "--arch 'resnet18x'" in lines[0] and "choose one of: resnet18_v1," in lines[0] and "mobilenet0.25" in lines[0]
 
 
-def test_pytorch_flags_are_accepted_and_said(tmp_path, data_root, tiny_classification):
+def test_pytorch_flags_are_accepted_and_said(tmp_path, data_root, tiny_classification, assert_finished_run):
     """``--amp --channels-last``: the PyTorch script's command line runs, and the start-up log and the
-    metrics say what the CPU run does instead (float32, NCHW). torchvision's names: test_arch_names."""
-    out = tmp_path / "flags"
-    cmd = [*TRAIN, "--arch", "mobilenet0.25", "--amp", "--channels-last", "--crop-size", "32", "--epochs", "1",
-           "--output-dir", str(out)]
-    proc = subprocess.run(cmd, env=_env(data_root), capture_output=True, text=True, timeout=900)
+    metrics say what the CPU run does instead (float32, NCHW). torchvision's names: test_arch_names.
+    No ``--output-dir``: the run writes to its own folder under ./runs."""
+    cmd = [*TRAIN, "--arch", "mobilenet0.25", "--amp", "--channels-last", "--crop-size", "32", "--epochs", "1"]
+    proc = subprocess.run(cmd, env=_env(data_root), capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--amp: not applied on the CPU, training in float32" in proc.stderr
     assert "--channels-last: not applied, the model runs NCHW" in proc.stderr
-    start, epoch = read_metrics(out)
+    out, = (tmp_path / "runs").glob("classification-mxnet-mobilenet0.25-*")
+    records = assert_finished_run(out, epochs=1, framework="mxnet")
+    assert (out / "checkpoint.params").is_file()
+    start, epoch = records[0], next(r for r in records if r["event"] == "epoch")
     assert (start["arch"], start["precision"], start["layout"]) == ("mobilenet0.25", "float32", "NCHW")
     assert epoch["val_samples"] == 55 and epoch["train_samples"] == 264
 
@@ -125,7 +128,9 @@ def test_training_as_two_dist_sync_workers(tmp_path, data_root, tiny_classificat
     proc = subprocess.run([*LAUNCH, *TRAIN, "--arch", "mobilenet0.25", "--epochs", "1", "--output-dir", str(out)],
                           env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (start, epoch), = [read_metrics(out)[:2]]  # rank 0 alone writes: one start and one epoch record
+    records = read_metrics(out)  # rank 0 alone writes: one start and one epoch record
+    start, (epoch,) = records[0], [r for r in records if r["event"] == "epoch"]
+    assert [r["event"] for r in records].count("start") == 1
     assert start["world_size"] == 2 and start["engine"] == "kvstore"
     assert epoch["val_samples"] == 55  # every val sample exactly once across the two workers
     # DROP under 2 workers: 264 samples, 132 per worker, 4 full batches of 32 each

@@ -22,13 +22,13 @@ FAST = ["--sample-size", "tiny", "--arch", "small_cnn", "--crop-size", "64", "-b
         "--lr-warmup-epochs", "1", "-j", "2", "--print-freq", "0"]
 
 
-def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeypatch):
+def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeypatch, assert_finished_run):
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     stats = main(get_args_parser().parse_args([*FAST, "--epochs", "12", "--output-dir", str(tmp_path)]))
     assert stats["val_samples"] == 55  # every val sample once
     assert stats["val_top1"] >= THRESHOLD, stats
     assert stats["train_samples"] == 264
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = assert_finished_run(tmp_path, epochs=12, framework="tensorflow")
     epochs = [r for r in records if r["event"] == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, 13))
     assert {"train_img_s", "data_wait_s", "val_top1", "val_top5"} <= set(epochs[-1])
@@ -50,6 +50,16 @@ def test_checkpoint_resume_and_test_only(data_root, tiny_classification, tmp_pat
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in epochs if r["event"] == "epoch"] == [1, 2]  # epoch 2 only after resume
     assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-2")
+
+
+def test_without_output_dir_the_run_gets_its_own_folder(data_root, tiny_classification, tmp_path, monkeypatch,
+                                                        assert_finished_run):
+    monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
+    monkeypatch.chdir(tmp_path)
+    main(get_args_parser().parse_args([*FAST, "--epochs", "1", "--crop-size", "32"]))
+    run_dir, = (tmp_path / "runs").glob("classification-tensorflow-small_cnn-*")
+    assert_finished_run(run_dir, epochs=1, framework="tensorflow")
+    assert tf.train.latest_checkpoint(str(run_dir)).endswith("ckpt-1")
 
 
 def test_bad_resume_path_is_a_clear_error(data_root, tiny_classification, tmp_path, monkeypatch):
