@@ -6,6 +6,8 @@ pytest the cycle did not reach the worker while in a plain script it did."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -65,10 +67,14 @@ def test_forked_worker_survives_a_dead_pipeline_in_the_parent(kind, indexed_val_
     script = tmp_path / "dead_pipeline.py"
     script.write_text(_SCRIPT)
     files = json.dumps([str(f) for f in indexed_val_source.files])
+    # its own process group: a hung worker is killed with its parent, not left behind
+    proc = subprocess.Popen([sys.executable, str(script), kind, files], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:  # about 5 s here; the limit turns a hung worker into a failure
-        result = subprocess.run([sys.executable, str(script), kind, files], capture_output=True, text=True,
-                                timeout=180)
+        stdout, stderr = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         pytest.fail(f"the {kind} hung for 180 s after forking from a process holding a dead pipeline")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.splitlines()[-1]) == list(range(len(indexed_val_source.files)))
+    assert proc.returncode == 0, stderr[-3000:]
+    assert json.loads(stdout.splitlines()[-1]) == list(range(len(indexed_val_source.files)))
