@@ -15,13 +15,31 @@ import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["MetricsWriter", "format_epoch_line", "latest_records", "read_metrics", "topk_for"]
+__all__ = ["MetricsWriter", "format_epoch_line", "format_test_line", "latest_records", "read_metrics", "topk_for",
+           "val_stats"]
 
 
 def topk_for(num_classes: int, ks: tuple[int, ...] = (1, 5)) -> tuple[int, ...]:
     """The top-k accuracies worth reporting: only k < classes (top-5 of 3 classes is always 100 %,
     top-4 of 4 too), and always top-1."""
     return tuple(k for k in ks if k == 1 or k < num_classes)
+
+
+def val_stats(*, loss_sum: float, correct1: float, correct5: float, seen: int, num_classes: int) -> dict[str, float]:
+    """Val loss and top-1 in percent over ``seen`` samples, and top-5 only where ``topk_for`` keeps
+    it: the TensorFlow, MXNet and JAX scripts' evaluation record (PyTorch's has its own top-k loop)."""
+    n = max(seen, 1)
+    stats = {"val_loss": loss_sum / n, "val_top1": 100 * correct1 / n, "val_samples": int(seen)}
+    if 5 in topk_for(num_classes):
+        stats["val_top5"] = 100 * correct5 / n
+    return stats
+
+
+def format_test_line(stats: dict[str, float]) -> str:
+    """``test: val loss 0.9 top1 56.2 top5 90.1 over 55 samples`` (``--test-only``)."""
+    top5 = f" top5 {stats['val_top5']:.2f}" if "val_top5" in stats else ""
+    return (f"test: val loss {stats['val_loss']:.4f} top1 {stats['val_top1']:.2f}{top5} "
+            f"over {stats['val_samples']} samples")
 
 
 class MetricsWriter:

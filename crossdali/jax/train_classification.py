@@ -27,6 +27,7 @@ import optax
 from flax.training import train_state
 
 from crossdali.common.distributed import detect_distributed
+from crossdali.common.metrics import format_test_line, val_stats
 from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
@@ -115,17 +116,16 @@ def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
                    "train_samples": seen, "train_seconds": elapsed}
 
 
-def evaluate(eval_step, state: TrainState, loader, *, device) -> dict[str, float]:
+def evaluate(eval_step, state: TrainState, loader, *, device, num_classes: int) -> dict[str, float]:
     """Loss and top-1/top-5 over the whole val set: every sample once (the last batch is smaller,
-    which costs one more compilation of ``eval_step``)."""
+    which costs one more compilation of ``eval_step``; top-5 only with more than 5 classes)."""
     loss_sum, c1, c5, seen = jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), 0
     start = time.perf_counter()
     for images, labels in loader:
         loss, top1, top5 = eval_step(state, *jax.device_put((images, labels), device))
         loss_sum, c1, c5, seen = loss_sum + loss, c1 + top1, c5 + top5, seen + int(images.shape[0])
-    n = max(seen, 1)
-    return {"val_loss": float(loss_sum) / n, "val_top1": 100 * int(c1) / n, "val_top5": 100 * int(c5) / n,
-            "val_samples": seen, "eval_seconds": time.perf_counter() - start}
+    return val_stats(loss_sum=float(loss_sum), correct1=int(c1), correct5=int(c5), seen=seen,
+                     num_classes=num_classes) | {"eval_seconds": time.perf_counter() - start}
 
 
 def load_data(args, backend: str):
@@ -206,9 +206,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                   batch_size=args.batch_size, lr=base_lr, epochs=args.epochs, device=str(device))
     train_step, eval_step = make_steps(model, num_classes=num_classes, label_smoothing=args.label_smoothing)
     if args.test_only:
-        stats = evaluate(eval_step, state, val_loader, device=device)
-        log.info("test: val loss %.4f top1 %.2f top5 %.2f over %d samples", stats["val_loss"], stats["val_top1"],
-                 stats["val_top5"], stats["val_samples"])
+        stats = evaluate(eval_step, state, val_loader, device=device, num_classes=num_classes)
+        log.info(format_test_line(stats))
         metrics.write(event="test", **stats)
         return stats
 
@@ -216,7 +215,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     for epoch in range(start_epoch, args.epochs):
         steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=steps_per_epoch, print_freq=args.print_freq)
         state, stats = train_one_epoch(train_step, state, train_loader, device=device, schedule=schedule, steps=steps)
-        stats |= evaluate(eval_step, state, val_loader, device=device)
+        stats |= evaluate(eval_step, state, val_loader, device=device, num_classes=num_classes)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
         log.info(epoch_line(epoch, args.epochs, stats))

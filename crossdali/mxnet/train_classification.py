@@ -25,6 +25,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+from crossdali.common.metrics import format_test_line, val_stats
 from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
 from crossdali.common.sample_data import class_names, ensure_classification
 from crossdali.common.script import run
@@ -150,8 +151,9 @@ def train_one_epoch(net, loss_fn, trainer, loader, *, runtime: Runtime, amp: boo
             "data_wait_s": data_wait, "train_samples": int(seen_total), "train_seconds": elapsed}
 
 
-def evaluate(net, loss_fn, loader, *, runtime: Runtime) -> dict[str, float]:
-    """Loss and top-1/top-5 over the whole val set: every sample once across all ranks."""
+def evaluate(net, loss_fn, loader, *, runtime: Runtime, num_classes: int) -> dict[str, float]:
+    """Loss and top-1/top-5 over the whole val set: every sample once across all ranks (top-5 only
+    with more than 5 classes)."""
     ctx = runtime.context
     loss_sum, correct1, correct5, seen = 0.0, 0, 0, 0
     start = time.perf_counter()
@@ -164,9 +166,8 @@ def evaluate(net, loss_fn, loader, *, runtime: Runtime) -> dict[str, float]:
         c1, c5 = accuracy_counts(output.asnumpy(), target.asnumpy())
         correct1, correct5, seen = correct1 + c1, correct5 + c5, seen + valid
     loss_sum, correct1, correct5, seen = runtime.all_reduce_sum([loss_sum, correct1, correct5, seen])
-    return {"val_loss": loss_sum / max(seen, 1), "val_top1": 100 * correct1 / max(seen, 1),
-            "val_top5": 100 * correct5 / max(seen, 1), "val_samples": int(seen),
-            "eval_seconds": time.perf_counter() - start}
+    return val_stats(loss_sum=loss_sum, correct1=correct1, correct5=correct5, seen=int(seen),
+                     num_classes=num_classes) | {"eval_seconds": time.perf_counter() - start}
 
 
 def load_data(args, runtime: Runtime, backend: str):
@@ -301,9 +302,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                   engine=runtime.engine, batch_size=args.batch_size, lr=lr, epochs=args.epochs, framework="mxnet")
 
     if args.test_only:
-        stats = evaluate(net, loss_fn, val_loader, runtime=runtime)
-        log.info("test: val loss %.4f top1 %.2f top5 %.2f over %d samples", stats["val_loss"],
-                 stats["val_top1"], stats["val_top5"], stats["val_samples"])
+        stats = evaluate(net, loss_fn, val_loader, runtime=runtime, num_classes=num_classes)
+        log.info(format_test_line(stats))
         metrics.write(event="test", **stats)
         return stats
 
@@ -313,7 +313,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                         world_size=runtime.dist.world_size, enabled=runtime.dist.is_main, print_freq=args.print_freq)
         stats = train_one_epoch(net, loss_fn, trainer, train_loader, runtime=runtime, amp=amp, steps=steps)
         runtime.sync_batchnorm_stats(net)  # several workers: every rank evaluates (rank 0 saves) the same
-        stats |= evaluate(net, loss_fn, val_loader, runtime=runtime)
+        stats |= evaluate(net, loss_fn, val_loader, runtime=runtime, num_classes=num_classes)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
         log.info(epoch_line(epoch, args.epochs, stats))

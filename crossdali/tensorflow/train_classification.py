@@ -25,6 +25,7 @@ import time
 
 import tensorflow as tf
 
+from crossdali.common.metrics import format_test_line, val_stats
 from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
@@ -155,16 +156,17 @@ def make_eval_step(model):
     return eval_step
 
 
-def evaluate(eval_step, loader, *, runtime: Runtime) -> dict[str, float]:
-    """Loss and top-1/top-5 over the whole val set: every sample once across all ranks."""
+def evaluate(eval_step, loader, *, runtime: Runtime, num_classes: int) -> dict[str, float]:
+    """Loss and top-1/top-5 over the whole val set: every sample once across all ranks (top-5 only
+    with more than 5 classes)."""
     loss_sum = c1 = c5 = seen = 0.0
     start = time.perf_counter()
     for images, labels in loader:
         loss, top1, top5 = eval_step(images, labels)
         loss_sum, c1, c5, seen = loss_sum + float(loss), c1 + float(top1), c5 + float(top5), seen + int(images.shape[0])
     loss_sum, c1, c5, seen = runtime.all_reduce_sum([loss_sum, c1, c5, seen])
-    return {"val_loss": loss_sum / max(seen, 1), "val_top1": 100 * c1 / max(seen, 1),
-            "val_top5": 100 * c5 / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
+    return val_stats(loss_sum=loss_sum, correct1=c1, correct5=c5, seen=int(seen), num_classes=num_classes) | {
+        "eval_seconds": time.perf_counter() - start}
 
 
 def load_data(args, runtime: Runtime, backend: str):
@@ -268,9 +270,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
                   epochs=args.epochs)
     if args.test_only:
-        stats = evaluate(make_eval_step(model), val_loader, runtime=runtime)
-        log.info("test: val loss %.4f top1 %.2f top5 %.2f over %d samples", stats["val_loss"], stats["val_top1"],
-                 stats["val_top5"], stats["val_samples"])
+        stats = evaluate(make_eval_step(model), val_loader, runtime=runtime, num_classes=num_classes)
+        log.info(format_test_line(stats))
         metrics.write(event="test", **stats)
         return stats
 
@@ -285,7 +286,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         if runtime.hvd is not None:  # Horovod averages gradients only: every rank evaluates (and rank 0
             for var in model.non_trainable_variables:  # saves) rank 0's BatchNorm statistics
                 var.assign(runtime.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0))
-        stats |= evaluate(eval_step, val_loader, runtime=runtime)
+        stats |= evaluate(eval_step, val_loader, runtime=runtime, num_classes=num_classes)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
         log.info(epoch_line(epoch, args.epochs, stats))

@@ -3,6 +3,8 @@ very same run (weights, optimizer and the train loader's DALI state), evaluates.
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -87,6 +89,17 @@ def test_without_output_dir_the_run_gets_its_own_folder(data_root, tiny_classifi
     run_dir, = (tmp_path / "runs").glob("classification-jax-small_cnn-*")
     assert_finished_run(run_dir, epochs=1, framework="jax")
     assert (run_dir / CHECKPOINT).is_file()
+
+
+def test_top5_is_left_out_with_five_classes_or_fewer(tiny_classification, tmp_path):
+    """Top-5 of 3 classes is always 100 %: not reported (as in the PyTorch script)."""
+    data = tmp_path / "three"
+    for split in ("train", "val"):
+        for folder in sorted((tiny_classification / "imagefolder" / split).iterdir())[:3]:
+            shutil.copytree(folder, data / split / folder.name)
+    stats = main(get_args_parser().parse_args([*FAST, "--data", str(data), "--epochs", "1", "--crop-size", "32",
+                                               "--output-dir", str(tmp_path / "run")]))
+    assert stats["val_samples"] == 15 and "val_top1" in stats and "val_top5" not in stats
 
 
 def test_bad_resume_path_and_arch_are_clear_errors(data_root, tiny_classification, tmp_path, monkeypatch):

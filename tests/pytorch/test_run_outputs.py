@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from crossdali.common.metrics import MetricsWriter, latest_records, read_metrics, topk_for
+from crossdali.common.metrics import MetricsWriter, format_test_line, latest_records, read_metrics, topk_for, val_stats
 from crossdali.common.progress import EpochProgress, format_duration
 from crossdali.common.runs import choose_run_dir, default_run_dir, plain_config, plot_run, summarize
 from crossdali.common.script import TrainingStopped, UsageError, run
@@ -35,6 +35,13 @@ def test_run_folder_names(tmp_path):
 
 def test_top_k_only_below_the_class_count():
     assert topk_for(1000) == (1, 5) and topk_for(6) == (1, 5) and topk_for(5) == (1,) and topk_for(3) == (1,)
+    # the TensorFlow, MXNet and JAX scripts' evaluation record follows the same rule
+    six = val_stats(loss_sum=11.0, correct1=3, correct5=8, seen=10, num_classes=6)
+    assert six == {"val_loss": 1.1, "val_top1": 30.0, "val_samples": 10, "val_top5": 80.0}
+    five = val_stats(loss_sum=11.0, correct1=3, correct5=10, seen=10, num_classes=5)
+    assert "val_top5" not in five and five["val_top1"] == 30.0
+    assert format_test_line(five) == "test: val loss 1.1000 top1 30.00 over 10 samples"
+    assert format_test_line(six).endswith("top1 30.00 top5 80.00 over 10 samples")
 
 
 def _write_resumed_run(run_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -60,6 +61,17 @@ def test_without_output_dir_the_run_gets_its_own_folder(data_root, tiny_classifi
     run_dir, = (tmp_path / "runs").glob("classification-tensorflow-small_cnn-*")
     assert_finished_run(run_dir, epochs=1, framework="tensorflow")
     assert tf.train.latest_checkpoint(str(run_dir)).endswith("ckpt-1")
+
+
+def test_top5_is_left_out_with_five_classes_or_fewer(tiny_classification, tmp_path):
+    """Top-5 of 3 classes is always 100 %: not reported (as in the PyTorch script)."""
+    data = tmp_path / "three"
+    for split in ("train", "val"):
+        for folder in sorted((tiny_classification / "imagefolder" / split).iterdir())[:3]:
+            shutil.copytree(folder, data / split / folder.name)
+    stats = main(get_args_parser().parse_args([*FAST, "--data", str(data), "--epochs", "1", "--crop-size", "32",
+                                               "--output-dir", str(tmp_path / "run")]))
+    assert stats["val_samples"] == 15 and "val_top1" in stats and "val_top5" not in stats
 
 
 def test_bad_resume_path_is_a_clear_error(data_root, tiny_classification, tmp_path, monkeypatch):
