@@ -203,9 +203,11 @@ def add_run_args(parser: argparse.ArgumentParser, *, engines: Sequence[str], eng
 
 
 def resolve_backend(requested: str, *, gpu: str | None, gpu_note: str = "DALI mixed decoder",
-                    cpu_note: str = "DALI runs all operators on the CPU") -> str:
+                    cpu_note: str = "DALI runs all operators on the CPU",
+                    no_gpu: str = "a CUDA GPU and none is visible") -> str:
     """``--data-backend auto`` made concrete, and said in one log line; ``gpu`` is the visible GPU's
-    name (None: no GPU). A GPU backend asked for without a GPU is a user error, named here."""
+    name (None: no GPU). A GPU backend asked for without a GPU is a user error, named here before
+    any data is read (``no_gpu``: what is missing, in the framework's words)."""
     if requested == "auto":
         if gpu is not None:
             log.info("data backend: dali-gpu (%s on %s)", gpu_note, gpu)
@@ -213,7 +215,7 @@ def resolve_backend(requested: str, *, gpu: str | None, gpu_note: str = "DALI mi
         log.info("data backend: dali-cpu (no CUDA GPU visible: %s)", cpu_note)
         return "dali-cpu"
     if requested == "dali-gpu" and gpu is None:
-        raise UsageError("--data-backend dali-gpu needs a CUDA GPU and none is visible; use --data-backend dali-cpu")
+        raise UsageError(f"--data-backend dali-gpu needs {no_gpu}; use --data-backend dali-cpu")
     log.info("data backend: %s", requested)
     return requested
 

@@ -32,7 +32,13 @@ from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_ru
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import add_classification_data_args, add_run_args, create_parser, log_accepted_flags
+from crossdali.common.train_args import (
+    add_classification_data_args,
+    add_run_args,
+    create_parser,
+    log_accepted_flags,
+    resolve_backend,
+)
 from crossdali.jax.loaders import BACKENDS, create_classification_loader
 from crossdali.jax.models import ARCHS, create_model
 
@@ -144,14 +150,6 @@ def load_data(args, backend: str):
     return train_loader, val_loader, num_classes
 
 
-def _choose_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    backend = "dali-gpu" if jax.default_backend() == "gpu" else "dali-cpu"
-    log.info("data backend: %s (JAX's default backend is %s)", backend, jax.default_backend())
-    return backend
-
-
 def _checkpoint_path(path: Path) -> Path:
     path = path / CHECKPOINT if path.is_dir() else path
     if not path.is_file():
@@ -166,7 +164,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     if dist.is_distributed:
         raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes, but the JAX example trains in one "
                            "process (jax.distributed is not wired here); run it without a launcher")
-    backend = _choose_backend(args.data_backend)
+    backend = resolve_backend(args.data_backend, gpu=str(jax.devices()[0]) if jax.default_backend() == "gpu" else None,
+                              cpu_note=f"JAX's default backend is {jax.default_backend()}: DALI runs all operators on the CPU",
+                              no_gpu=f"a CUDA GPU visible to JAX (CPU-only jaxlib? pip install 'jax[cuda13]=={jax.__version__}')")
     device = jax.devices()[0]
     log.info("JAX %s on %s", jax.__version__, device)
     log_accepted_flags(args, channels_last="the flax models here are NHWC already",

@@ -30,7 +30,13 @@ from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_ru
 from crossdali.common.sample_data import class_names, ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import add_classification_data_args, add_run_args, create_parser, log_accepted_flags
+from crossdali.common.train_args import (
+    add_classification_data_args,
+    add_run_args,
+    create_parser,
+    log_accepted_flags,
+    resolve_backend,
+)
 from crossdali.mxnet.distributed import ENGINES, Runtime, init_distributed
 from crossdali.mxnet.loaders import BACKENDS, create_classification_loader
 
@@ -195,16 +201,6 @@ def load_data(args, runtime: Runtime, backend: str):
     return train_loader, val_loader, num_classes
 
 
-def _choose_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    if mx.context.num_gpus() > 0:
-        log.info("data backend: dali-gpu (DALI mixed decoder, MXNet with CUDA)")
-        return "dali-gpu"
-    log.info("data backend: dali-cpu (MXNet sees no GPU: DALI runs all operators on the CPU)")
-    return "dali-cpu"
-
-
 def _use_amp(requested: bool, context: mx.Context) -> bool:
     """MXNet's AMP (float16) where it runs: a CUDA GPU. On the CPU: float32, said at start-up.
 
@@ -243,7 +239,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     mx.random.seed(args.seed)  # same initial weights on every rank (also broadcast by the engine)
     np.random.seed(args.seed)
-    backend = _choose_backend(args.data_backend)
+    backend = resolve_backend(args.data_backend, gpu="MXNet GPU 0" if mx.context.num_gpus() > 0 else None,
+                              cpu_note="MXNet sees no GPU: DALI runs all operators on the CPU",
+                              no_gpu="MXNet built with CUDA and a visible GPU (the PyPI mxnet wheel is CPU-only: docs/mxnet.md)")
     if arch != args.arch:
         log.info("--arch %s: Gluon's %s", args.arch, arch)
     log_accepted_flags(args, checkpoint_every="the MXNet script saves at epoch ends only; a run "

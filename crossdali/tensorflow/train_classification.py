@@ -30,7 +30,13 @@ from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_ru
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import add_classification_data_args, add_run_args, create_parser, log_accepted_flags
+from crossdali.common.train_args import (
+    add_classification_data_args,
+    add_run_args,
+    create_parser,
+    log_accepted_flags,
+    resolve_backend,
+)
 from crossdali.tensorflow.distributed import ENGINES, Runtime, init_distributed
 from crossdali.tensorflow.loaders import BACKENDS, create_classification_loader
 
@@ -190,16 +196,6 @@ def load_data(args, runtime: Runtime, backend: str):
     return train_loader, val_loader, num_classes
 
 
-def _choose_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    if tf.config.list_physical_devices("GPU"):
-        log.info("data backend: dali-gpu (DALI mixed decoder)")
-        return "dali-gpu"
-    log.info("data backend: dali-cpu (no GPU visible to TensorFlow: DALI runs all operators on the CPU)")
-    return "dali-cpu"
-
-
 def main(args: argparse.Namespace) -> dict[str, float]:
     runtime = init_distributed(engine=args.engine)  # first: it sets up the GPU (memory growth) before TF uses it
     logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
@@ -207,7 +203,10 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     for noisy in ("tensorflow", "absl"):  # their INFO lines per epoch are noise
         logging.getLogger(noisy).setLevel(logging.WARNING)
     tf.keras.utils.set_random_seed(args.seed)
-    backend = _choose_backend(args.data_backend)
+    gpus = tf.config.list_physical_devices("GPU")
+    backend = resolve_backend(args.data_backend, gpu=gpus[0].name if gpus else None,
+                              cpu_note="no GPU visible to TensorFlow: DALI runs all operators on the CPU",
+                              no_gpu="a GPU visible to TensorFlow (tensorflow-cpu is installed, or CUDA is not set up)")
     on_gpu = bool(tf.config.list_physical_devices("GPU"))
     if args.amp:
         tf.keras.mixed_precision.set_global_policy("mixed_float16" if on_gpu else "mixed_bfloat16")

@@ -64,3 +64,35 @@ def test_a_bad_value_is_one_line_and_exit_2(framework, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--epochs" in err, err
+
+
+def _gpu_visible(framework: str) -> bool:
+    if framework == "pytorch":
+        import torch
+        return torch.cuda.is_available()
+    if framework == "tensorflow":
+        import tensorflow as tf
+        return bool(tf.config.list_physical_devices("GPU"))
+    if framework == "mxnet":
+        import mxnet as mx
+        return mx.context.num_gpus() > 0
+    import jax
+    return jax.default_backend() == "gpu"
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_dali_gpu_without_a_gpu_is_one_line_before_any_data_is_read(framework, tmp_path, capsys):
+    """The same early refusal in every framework, with that framework's own fix in the line."""
+    parser, arch = _parser(framework)
+    if _gpu_visible(framework):
+        pytest.skip("a GPU is visible here")
+    from crossdali.common.script import run
+    script = importlib.import_module(SCRIPTS[framework][1])
+    missing = tmp_path / "no-such-folder"  # would be refused later, if the backend were not refused first
+    with pytest.raises(SystemExit) as exit_info:
+        run(script.main, parser, ["--data", str(missing), "--data-backend", "dali-gpu", "--arch", arch,
+                                  "--output-dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--data-backend dali-gpu needs" in err[0] and "dali-cpu" in err[0], err
+    assert not (tmp_path / "run").exists()

@@ -1,7 +1,7 @@
 """GPU paths of the classification pipeline (mixed decoder, hardware JPEG decoder).
 
-Skipped where no CUDA GPU is visible; run on the GPU machine (scripts/gpu/run-tests), whose
-results are committed under results/gpu_tests.txt.
+Skipped where no CUDA GPU is visible; run on the GPU machine by ``benchmarks/gpu_session.sh core``,
+whose logs are committed under results/gpu_tests/.
 """
 
 from __future__ import annotations
