@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|core|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|pack [OUT]
 #
+# tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
+# harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
+# Keras ResNet-50 AMP training fed by synthetic data, dali-gpu and native, one row after another.
 # core: every GPU-marked test of the frameworks present, the GPU parity harness (all frameworks,
 # hardware JPEG decoder on and off) and the data checker's speed; pack: everything under OUT in one
 # archive (the device hands back at most 8 files), as OUT/gpu-results.tgz.
@@ -13,7 +16,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|core|core2|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -43,10 +46,13 @@ case $phase in
   tests)  # every GPU-marked test (TensorFlow's and MXNet's skip where those frameworks are absent)
     step gpu_tests 420 "$py" -m pytest tests -m gpu -rA -p no:cacheprovider -q
     step optical_flow 60 "$py" -m crossdali.video.optical_flow --sample-size gpu-tiny --output-dir "$out/flow" ;;
-  tf)  # TensorFlow dali-gpu: batches on the GPU (classification, detection, video), then TF vs PyTorch img/s
-    step tf_gpu_tests 300 "$py" -m pytest tests/tensorflow/test_tf_gpu.py tests/detection/test_tf_detection.py \
-      tests/video/test_tensorflow_video.py -m gpu -rA -p no:cacheprovider -q
-    step tf_vs_torch 330 "$py" -m benchmarks.tf_vs_torch --out "$out" ;;
+  tf)  # TensorFlow dali-gpu: batches on the GPU (classification, detection, video), then parity on the GPU
+    step tf_gpu_tests 200 "$py" -m pytest tests/tensorflow/test_tf_gpu.py tests/detection/test_tf_detection.py \
+      tests/video/test_tensorflow_video.py -m gpu -rA -p no:cacheprovider -q --durations=12
+    step parity_gpu 170 "$py" -m crossdali.parity gpu --out "$out/parity_gpu" ;;
+  tfbench)  # the bench set is built by the first step (about a minute on 16 cores)
+    step tf_vs_torch 230 "$py" -m benchmarks.tf_vs_torch --out "$out"
+    step training_speed_tf 330 "$py" -m benchmarks.training_speed --framework tensorflow --timeout 105 --out "$out" ;;
   core)  # correctness on the GPU first, then the checker's speed (the loader's decode rate beside it)
     step gpu_tests 330 "$py" -m pytest tests -m gpu -rA -p no:cacheprovider -q --durations=15 ;;
   core2)
@@ -55,5 +61,5 @@ case $phase in
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)
-    echo "unknown phase $phase (classification, video, detection, tests, tf, core or pack)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2 or pack)" >&2; exit 2 ;;
 esac

@@ -16,7 +16,8 @@ The RN50 train transform (decode, random-resized crop, flip, normalize) on the `
 
 Per row: one warm-up epoch, then whole epochs timed until at least 2 epochs and ``--min-seconds``
 passed; ``--rounds`` repeats all rows, alternating frameworks, since machines drift. Every row
-records the device its batches were on. Writes ``tf_vs_torch.json`` after every row.
+records the device its batches were on. Writes ``tf_vs_torch.json`` after every row, and at the end
+``tf_vs_torch.png`` (where matplotlib is installed; else ``--plot JSON`` draws it later).
 """
 
 from __future__ import annotations
@@ -58,7 +59,38 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2, help="repeat every row, alternating frameworks")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script on a CPU-only machine: dali-cpu, tiny set, batch 32, crop 64")
+    parser.add_argument("--plot", type=Path, default=None, metavar="JSON", help="only draw the PNG of a written JSON")
     return parser
+
+
+def plot(report: dict, png: Path) -> Path | None:
+    """Every row of every round, each framework in its colour, the best rate's share of PyTorch's."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["rows"] if "img_s" in r]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(rows)), layout="constrained")
+    bars = ax.barh([f"{r['name']} (round {r['round']})" for r in rows], [r["img_s"] for r in rows],
+                   color=["#ff6f00" if r["framework"] == "tensorflow" else "#ee4c2c" for r in rows])
+    share = report.get("tf_over_torch", {})
+    ax.bar_label(bars, padding=3, fontsize=8, labels=[
+        f"{r['img_s']:,.0f} img/s on {r['batch_device'].rsplit('/', 1)[-1]}"
+        + (f" (best: {100 * share[r['name']]:.0f} % of PyTorch)" if r["name"] in share and r["framework"] != "pytorch"
+           else "") for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(r["img_s"] for r in rows) * 1.7)
+    ax.set_xlabel("images/s (higher is better)")
+    ax.set_title(f"the same DALI pipeline ({report['backend']}) into TensorFlow and PyTorch, batch {report['batch_size']}"
+                 f"\n{report['device']}, {report['threads']} DALI threads, {report['dataset']['images']:,} JPEGs")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
 
 
 def _time_epochs(epoch, *, min_seconds: float) -> dict:
@@ -149,6 +181,10 @@ def _torch_loader_epoch(source, *, args, backend: str):
 
 
 def main(args: argparse.Namespace) -> dict:
+    if args.plot is not None:
+        report = json.loads(args.plot.read_text())
+        print(f"wrote {plot(report, args.plot.with_suffix('.png'))}")
+        return report
     on_gpu = bool(tf.config.list_physical_devices("GPU"))
     if args.smoke:
         args.size, args.batch_size, args.crop_size, args.workers, args.min_seconds, args.rounds = "tiny", 32, 64, 2, 0.0, 1
@@ -208,7 +244,7 @@ def main(args: argparse.Namespace) -> dict:
     if "pytorch loader" in best:
         report["tf_over_torch"] = {name: v / best["pytorch loader"] for name, v in best.items()}
     path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}" + (f" and {png}" if (png := plot(report, path.with_suffix(".png"))) else ""))
     return report
 
 

@@ -39,3 +39,24 @@ def test_tf_vs_torch_smoke(tmp_path, data_root):
     # the loader's epochs are whole passes over the 264 tiny train images; the raw stream's include padding
     assert rows["tensorflow loader"]["images"] == 264 * rows["tensorflow loader"]["epochs"]
     assert rows["tensorflow loader.dataset"]["images"] == 264 * rows["tensorflow loader.dataset"]["epochs"]
+
+
+def test_training_speed_smoke(tmp_path, data_root):
+    """``benchmarks/training_speed.py --smoke``: the Keras training rows (synthetic, DALI, native) run the
+    real script and their steady-state rates come from its step records."""
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    # measured 15 s on an idle 2-core CPU machine
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.training_speed", "--smoke", "--framework", "tensorflow",
+                           "--out", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "training_speed_tensorflow.json").read_text())
+    rows = {r["backend"]: r for r in report["rows"]}
+    assert list(rows) == ["synthetic", "dali-cpu", "native"], rows
+    for backend, row in rows.items():
+        assert "error" not in row, row
+        # tiny set: 264 train images, batch 32 -> 9 steps per epoch (the last one partial; synthetic
+        # batches are all full); epoch 2 is timed
+        assert row["steps"] == 9 and row["images"] == (288 if backend == "synthetic" else 264) and row["img_s"] > 0, row
+        assert 0 <= row["data_wait_share"] < 1 and f"--data-backend {backend}" in row["command"], row
+    assert report["share_of_synthetic"]["synthetic"] == 1.0 and not report["amp"]

@@ -1,0 +1,169 @@
+"""Training images/s of a framework's real classification script, fed by each data backend, in one run.
+
+    python -m benchmarks.training_speed --framework tensorflow --out results/    # GPU: Keras ResNet-50, AMP
+    python -m benchmarks.training_speed --framework pytorch --out results/       # the same rows for PyTorch
+    python -m benchmarks.training_speed --smoke --framework tensorflow --out /tmp/bench   # CPU check of the script
+
+Each row runs ``python -m crossdali.<framework>.train_classification`` in its own process on the
+``bench`` sample set (8,195 train JPEGs), ResNet-50, ``--amp``, batch 256, with one
+``--data-backend`` (``synthetic`` is the model's own ceiling: no decoding at all). Epoch 1 is the
+warm-up (graph tracing, autotuning, the first DALI pipeline); the later epochs' ``step`` records of
+the run's ``metrics.jsonl`` give the row: images/s over those steps and the share of step time spent
+waiting for the next batch. Rows run one after another in one call, so their ratios hold on the same
+machine. Writes ``training_speed_<framework>.json`` after every row, then a PNG beside it (where
+matplotlib is installed; else ``--plot JSON`` draws it later).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = {"tensorflow": "crossdali.tensorflow.train_classification",
+           "pytorch": "crossdali.pytorch.train_classification",
+           "jax": "crossdali.jax.train_classification"}
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--framework", choices=list(SCRIPTS), default="tensorflow")
+    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON and PNG")
+    parser.add_argument("--backends", default="synthetic,dali-gpu,native", help="comma-separated, in run order")
+    parser.add_argument("--arch", default="resnet50")
+    parser.add_argument("-b", "--batch-size", type=int, default=256)
+    parser.add_argument("--crop-size", type=int, default=224)
+    parser.add_argument("--epochs", type=int, default=3, help="epoch 1 is the warm-up; the others are timed")
+    parser.add_argument("--sample-size", default="bench")
+    parser.add_argument("--workers", type=int, default=None, help="DALI threads / loader workers (default: cores - 1)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per row")
+    parser.add_argument("--no-amp", dest="amp", action="store_false", help="float32 instead of mixed precision")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script on a CPU-only machine: tiny set, small model, crop 64, float32, dali-cpu")
+    parser.add_argument("--plot", type=Path, default=None, metavar="JSON", help="only draw the PNG of a written JSON")
+    return parser
+
+
+def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
+    """Images/s and data-wait share over the ``step`` records after the warm-up epochs."""
+    steps = [r for r in map(json.loads, metrics.read_text().splitlines())
+             if r.get("event") == "step" and r["epoch"] > warmup_epochs]
+    if not steps:
+        raise RuntimeError(f"{metrics}: no step records after epoch {warmup_epochs}")
+    seconds = sum(r["step_s"] for r in steps)
+    wait = sum(r["data_wait_s"] for r in steps)
+    times = sorted(r["step_s"] for r in steps)
+    return {"steps": len(steps), "images": sum(r["samples"] for r in steps), "seconds": seconds,
+            "img_s": sum(r["samples"] for r in steps) / seconds, "data_wait_share": wait / seconds,
+            "median_step_ms": 1000 * times[len(times) // 2], "mean_data_wait_ms": 1000 * wait / len(steps)}
+
+
+def run_row(backend: str, args: argparse.Namespace, work: Path) -> dict:
+    run_dir = work / backend
+    cmd = [sys.executable, "-m", SCRIPTS[args.framework], "--sample-size", args.sample_size, "--arch", args.arch,
+           "-b", str(args.batch_size), "--crop-size", str(args.crop_size), "--epochs", str(args.epochs),
+           "--data-backend", backend, "-j", str(args.workers), "--output-dir", str(run_dir), "--print-freq", "0",
+           "--skip-check", *(["--amp"] if args.amp else [])]
+    if args.framework == "pytorch" and args.amp:
+        cmd.append("--channels-last")
+    row = {"backend": backend, "command": " ".join(cmd[1:])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return row | {"error": f"timed out after {args.timeout} s"}
+    row["wall_s"] = time.perf_counter() - start
+    (work / f"{backend}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        return row | {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"}
+    return row | steady_state(run_dir / "metrics.jsonl")
+
+
+def plot(report: dict, png: Path) -> Path | None:
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["rows"] if "img_s" in r]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(rows)), layout="constrained")
+    bars = ax.barh([r["backend"] for r in rows], [r["img_s"] for r in rows],
+                   color=["#999999" if r["backend"] == "synthetic" else "#76b900" if r["backend"] == "dali-gpu"
+                          else "#5a7d9a" for r in rows])
+    ax.bar_label(bars, labels=[f"{r['img_s']:,.0f} img/s, data wait {100 * r['data_wait_share']:.0f} %" for r in rows],
+                 padding=3, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(r["img_s"] for r in rows) * 1.5)
+    ax.set_xlabel("training images/s after the warm-up epoch (higher is better)")
+    ax.set_title(f"{report['framework']} {report['arch']} {'AMP' if report['amp'] else 'float32'}, batch "
+                 f"{report['batch_size']}, {report['device']}")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def _device() -> str:
+    """The GPU's name (nvidia-smi, so this process imports no framework), else the CPU."""
+    if shutil.which("nvidia-smi"):
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip().splitlines()[0]
+    return platform.processor() or "cpu"
+
+
+def main(args: argparse.Namespace) -> dict:
+    if args.plot is not None:
+        report = json.loads(args.plot.read_text())
+        print(f"wrote {plot(report, args.plot.with_suffix('.png'))}")
+        return report
+    if args.smoke:
+        # no CPU autocast: bfloat16 is emulated (slow) on CPUs without AVX-512/AMX
+        args.sample_size, args.crop_size, args.batch_size, args.epochs, args.amp = "tiny", 64, 32, 2, False
+        args.arch = {"tensorflow": "small_cnn", "pytorch": "resnet18", "jax": "resnet18"}[args.framework]
+        args.backends = args.backends.replace("dali-gpu", "dali-cpu")
+    args.workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"training_speed_{args.framework}.json"
+    report = {"benchmark": "training_speed", "command": " ".join(["python", "-m", "benchmarks.training_speed",
+                                                                    *sys.argv[1:]]),
+              "framework": args.framework, "device": _device(), "cpu_count": os.cpu_count(),
+              "python": platform.python_version(), "arch": args.arch, "amp": args.amp, "batch_size": args.batch_size,
+              "crop_size": args.crop_size, "sample_size": args.sample_size, "workers": args.workers,
+              "timing": f"{args.epochs} epochs per row; the steps of epochs 2-{args.epochs} are timed", "rows": []}
+    with tempfile.TemporaryDirectory(prefix="training-speed-") as tmp:
+        for backend in [b for b in args.backends.split(",") if b]:
+            row = run_row(backend, args, Path(tmp))
+            report["rows"].append(row)
+            if "error" in row:
+                print(f"{backend:10s} FAILED: {row['error']}", flush=True)
+                log = Path(tmp) / f"{backend}.log"
+                if log.exists():  # the failing run's log is kept beside the JSON
+                    shutil.copy(log, args.out / f"training_speed_{args.framework}_{backend}.log")
+            else:
+                print(f"{backend:10s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:4.1f} %  "
+                      f"median step {row['median_step_ms']:.1f} ms", flush=True)
+            path.write_text(json.dumps(report, indent=2) + "\n")
+    rates = {r["backend"]: r["img_s"] for r in report["rows"] if "img_s" in r}
+    if "synthetic" in rates:
+        report["share_of_synthetic"] = {b: v / rates["synthetic"] for b, v in rates.items()}
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}" + (f" and {png}" if (png := plot(report, path.with_suffix(".png"))) else ""))
+    return report
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
