@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.plot import bar_png
+
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
@@ -99,20 +101,10 @@ def main(args: argparse.Namespace) -> dict:
 
 
 def _plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names, values = list(result["files_per_s"]), list(result["files_per_s"].values())
-    fig, ax = plt.subplots(figsize=(6, 3), layout="constrained")
-    ax.barh(names, values, color=["tab:green", "tab:orange", "tab:blue"])
-    for y, v in enumerate(values):
-        ax.text(v, y, f" {v:,.0f}", va="center")
-    ax.set_xlabel("files/s")
-    ax.set_title(f"crossdali check, {result['files']} JPEGs, {result['device']}, {result['workers']} threads")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    bar_png(path, names, values, width=7, headroom=1.3, labels=[f"{v:,.0f}" for v in values],
+            colors=["tab:green", "tab:orange", "tab:blue"], xlabel="files/s (higher is better)",
+            title=f"crossdali check, {result['files']} JPEGs, {result['device']}, {result['workers']} threads")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.plot import backend_color, bar_png
 from crossdali.common.detection import resolve_detection_source
 from crossdali.common.sample_data.detection import ensure_detection
 from crossdali.pytorch.detection import create_detection_loader
@@ -87,27 +88,10 @@ def plot(report: dict, png: Path) -> None:
     title = (f"SSD300 train input pipeline, batch {report['batch_size']}, {report['workers']} threads/workers\n"
              f"{report['device']}, {report['cpu_count']} cores, {report['dataset']['images']:,} JPEGs "
              f"of {report['dataset']['mean_kib']:.0f} KiB")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    colors = [backend_color(r["backend"]) for r in rows]
+    if bar_png(png, names, values, labels=[f"{v:,.0f}" for v in values], colors=colors, log=True, headroom=4,
+               xlabel="images/s (log scale, higher is better)", title=title) is None:
         _plot_pil(names, values, title, png)
-        return
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(rows)))
-    colors = ["#76b900" if r["backend"] == "dali-gpu" else "#5a7d9a" if r["backend"] == "dali-cpu" else "#999999"
-              for r in rows]
-    bars = ax.barh(names, values, color=colors)
-    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=9)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlim(min(values) / 2, max(values) * 4)
-    ax.set_xlabel("images/s (log scale, higher is better)")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
 
 
 def _plot_pil(names: list[str], values: list[float], title: str, png: Path) -> None:

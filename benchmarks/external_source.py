@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.plot import backend_color, bar_png
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 
@@ -116,26 +117,15 @@ def _write(path: Path, report: dict) -> None:
 
 def plot(report: dict, png: Path) -> bool:
     """Bar chart of the rows; ``False`` where matplotlib is not installed (the JSON has everything)."""
-    try:
-        import matplotlib
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in report["results"] if "img_s" in r]
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.5 * len(rows)), layout="constrained")
-    colors = ["#76b900" if "GPU" in r["name"] else "#5a7d9a" if "DALI" in r["name"] else "#999999" for r in rows]
-    bars = ax.barh([r["name"] for r in rows], [r["img_s"] for r in rows], color=colors)
-    ax.bar_label(bars, labels=[f"{r['img_s']:,.0f}" for r in rows], padding=3, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("images/s (higher is better)")
-    ax.set_xlim(0, max(r["img_s"] for r in rows) * 1.2)
-    ax.set_title(f"Squirrel store -> RN50 train transform {report['crop_size']} px, batch {report['batch_size']}\n"
-                 f"{report['device']}, {report['cpu_count']} CPU cores, {report['dataset']['images']:,} JPEGs")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return True
+    return bar_png(
+        png, [r["name"] for r in rows], [r["img_s"] for r in rows], labels=[f"{r['img_s']:,.0f}" for r in rows],
+        colors=[backend_color("dali-gpu" if "GPU" in r["name"] else "dali-cpu" if "DALI" in r["name"] else "")
+                for r in rows],
+        xlabel="images/s (higher is better)",
+        title=f"Squirrel store -> RN50 train transform {report['crop_size']} px, batch {report['batch_size']}\n"
+              f"{report['device']}, {report['cpu_count']} CPU cores, {report['dataset']['images']:,} JPEGs"
+    ) is not None
 
 
 def main(args: argparse.Namespace) -> dict:

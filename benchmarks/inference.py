@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.plot import backend_color, bars, pyplot
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 
@@ -126,32 +127,21 @@ def _throughput(preprocess, model, images: list[bytes], device, *, batch_size: i
 
 def plot(report: dict, png: Path) -> bool:
     """Latency and throughput bars; ``False`` where matplotlib is not installed."""
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lat = [r for r in report["latency"] if "median_ms" in r]
     thr = [r for r in report["throughput"] if "img_s" in r]
     fig, axes = plt.subplots(1, 2, figsize=(15, 1.6 + 0.55 * max(len(lat), len(thr))), layout="constrained")
-    color = lambda name: "#76b900" if "DALI" in name else "#999999"  # noqa: E731
-    ax = axes[0]
-    bars = ax.barh([r["name"] for r in lat], [r["median_ms"] for r in lat], color=[color(r["name"]) for r in lat])
-    ax.bar_label(bars, labels=[f"{r['median_ms']:.1f} ms (p90 {r['p90_ms']:.1f})" for r in lat], padding=3, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(r["p90_ms"] for r in lat) * 1.6)
-    ax.set_xlabel("median ms per image, batch 1 (lower is better)")
-    ax.set_title(f"latency: bytes -> top-5, {report['model']}")
-    ax = axes[1]
-    bars = ax.barh([r["name"] for r in thr], [r["img_s"] for r in thr], color=[color(r["name"]) for r in thr])
-    ax.bar_label(bars, labels=[f"{r['img_s']:,.0f} img/s (preprocess {r['preprocess_img_s']:,.0f})" for r in thr],
-                 padding=3, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(r["img_s"] for r in thr) * 1.8)
-    ax.set_xlabel(f"images/s, batch {report['batch_size']} (higher is better)")
-    ax.set_title(f"throughput on {report['device']}, {report['cpu_count']} CPU cores")
+    color = lambda name: backend_color("dali-gpu" if "DALI" in name else "")  # noqa: E731
+    bars(axes[0], [r["name"] for r in lat], [r["median_ms"] for r in lat], colors=[color(r["name"]) for r in lat],
+         labels=[f"{r['median_ms']:.1f} ms (p90 {r['p90_ms']:.1f})" for r in lat],
+         headroom=1.6 * max(r["p90_ms"] for r in lat) / max(r["median_ms"] for r in lat),
+         xlabel="median ms per image, batch 1 (lower is better)", title=f"latency: bytes -> top-5, {report['model']}")
+    bars(axes[1], [r["name"] for r in thr], [r["img_s"] for r in thr], colors=[color(r["name"]) for r in thr],
+         labels=[f"{r['img_s']:,.0f} img/s (preprocess {r['preprocess_img_s']:,.0f})" for r in thr], headroom=1.8,
+         xlabel=f"images/s, batch {report['batch_size']} (higher is better)",
+         title=f"throughput on {report['device']}, {report['cpu_count']} CPU cores")
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return True

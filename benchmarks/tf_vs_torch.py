@@ -37,6 +37,7 @@ from crossdali.tensorflow import enable_memory_growth  # isort: skip (before any
 
 enable_memory_growth()  # before TF, DALI or torch touch the GPU: DALI's decoders need memory beside TF
 
+from benchmarks.plot import bar_png  # noqa: E402
 from crossdali.common.classification import ClassificationTransform, create_classification_pipeline  # noqa: E402
 from crossdali.common.options import pipeline_options  # noqa: E402
 from crossdali.common.sample_data import ensure_classification  # noqa: E402
@@ -65,32 +66,17 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def plot(report: dict, png: Path) -> Path | None:
     """Every row of every round, each framework in its colour, the best rate's share of PyTorch's."""
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in report["rows"] if "img_s" in r]
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(rows)), layout="constrained")
-    bars = ax.barh([f"{r['name']} (round {r['round']})" for r in rows], [r["img_s"] for r in rows],
-                   color=["#ff6f00" if r["framework"] == "tensorflow" else "#ee4c2c" for r in rows])
     share = report.get("tf_over_torch", {})
-    ax.bar_label(bars, padding=3, fontsize=8, labels=[
-        f"{r['img_s']:,.0f} img/s on {r['batch_device'].rsplit('/', 1)[-1]}"
-        + (f" (best: {100 * share[r['name']]:.0f} % of PyTorch)" if r["name"] in share and r["framework"] != "pytorch"
-           else "") for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(r["img_s"] for r in rows) * 1.7)
-    ax.set_xlabel("images/s (higher is better)")
-    ax.set_title(f"the same DALI pipeline ({report['backend']}) into TensorFlow and PyTorch, batch {report['batch_size']}"
-                 f"\n{report['device']}, {report['threads']} DALI threads, {report['dataset']['images']:,} JPEGs")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
+    return bar_png(
+        png, [f"{r['name']} (round {r['round']})" for r in rows], [r["img_s"] for r in rows], width=10, headroom=1.7,
+        colors=["#ff6f00" if r["framework"] == "tensorflow" else "#ee4c2c" for r in rows],
+        labels=[f"{r['img_s']:,.0f} img/s on {r['batch_device'].rsplit('/', 1)[-1]}"
+                + (f" (best: {100 * share[r['name']]:.0f} % of PyTorch)"
+                   if r["name"] in share and r["framework"] != "pytorch" else "") for r in rows],
+        xlabel="images/s (higher is better)",
+        title=f"the same DALI pipeline ({report['backend']}) into TensorFlow and PyTorch, batch {report['batch_size']}"
+              f"\n{report['device']}, {report['threads']} DALI threads, {report['dataset']['images']:,} JPEGs")
 
 
 def _time_epochs(epoch, *, min_seconds: float) -> dict:

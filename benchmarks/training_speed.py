@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.plot import backend_color, bar_png
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {"tensorflow": "crossdali.tensorflow.train_classification",
            "pytorch": "crossdali.pytorch.train_classification",
@@ -90,30 +92,14 @@ def run_row(backend: str, args: argparse.Namespace, work: Path) -> dict:
 
 
 def plot(report: dict, png: Path) -> Path | None:
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in report["rows"] if "img_s" in r]
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(rows)), layout="constrained")
-    bars = ax.barh([r["backend"] for r in rows], [r["img_s"] for r in rows],
-                   color=["#999999" if r["backend"] == "synthetic" else "#76b900" if r["backend"] == "dali-gpu"
-                          else "#5a7d9a" for r in rows])
-    ax.bar_label(bars, labels=[f"{r['img_s']:,.0f} img/s, data wait {100 * r['data_wait_share']:.0f} %" for r in rows],
-                 padding=3, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(r["img_s"] for r in rows) * 1.5)
-    ax.set_xlabel("training images/s after the warm-up epoch (higher is better)")
-    ax.set_title(f"{report['framework']} {report['arch']} {'AMP' if report['amp'] else 'float32'}, batch "
-                 f"{report['batch_size']}, {report['device']}")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
+    return bar_png(
+        png, [r["backend"] for r in rows], [r["img_s"] for r in rows], headroom=1.5,
+        colors=[backend_color(r["backend"]) for r in rows],
+        labels=[f"{r['img_s']:,.0f} img/s, data wait {100 * r['data_wait_share']:.0f} %" for r in rows],
+        xlabel="training images/s after the warm-up epoch (higher is better)",
+        title=f"{report['framework']} {report['arch']} {'AMP' if report['amp'] else 'float32'}, batch "
+              f"{report['batch_size']}, {report['device']}")
 
 
 def _device() -> str:
