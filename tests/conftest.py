@@ -101,6 +101,37 @@ def assert_finished_run():
     return _assert_finished_run
 
 
+def _assert_best_checkpoint(run_dir: Path, *, framework: str, suffixes: list[str], config: dict) -> dict:
+    """The best checkpoint of a TensorFlow, MXNet or JAX run on the sample set
+    (``crossdali.common.runs.BestCheckpoint``): its weight files (``checkpoint_best<suffix>``) and
+    ``checkpoint_best.json``, which names the class names, the full config (``config`` among its
+    values) and the epoch of the best val top-1 in ``metrics.jsonl`` (the earliest of a tie).
+    Returns the JSON."""
+    import json
+
+    from crossdali.common.metrics import latest_records, read_metrics
+    from crossdali.common.runs import BEST_CHECKPOINT, CHECKPOINT_FORMAT
+    from crossdali.common.sample_data import class_names
+
+    epochs = latest_records(read_metrics(run_dir), "epoch")
+    best = max(epochs, key=lambda e: e["val_top1"])  # max keeps the first of equals
+    meta = json.loads((run_dir / f"{BEST_CHECKPOINT}.json").read_text())
+    assert (meta["format"], meta["task"], meta["framework"]) == (CHECKPOINT_FORMAT, "classification", framework)
+    assert (meta["epoch"], meta["metric"], meta["value"]) == (best["epoch"], "val_top1", best["val_top1"]), epochs
+    assert meta["val"]["val_loss"] == best["val_loss"]
+    assert meta["class_names"] == class_names() and meta["num_classes"] == len(class_names())
+    assert config.items() <= meta["config"].items() and {"lr", "batch_size", "seed", "data_backend"} <= set(meta["config"])
+    assert meta["files"] == [f"{BEST_CHECKPOINT}{s}" for s in suffixes]
+    assert all((run_dir / name).stat().st_size > 0 for name in meta["files"])
+    return meta
+
+
+@pytest.fixture(scope="session")
+def assert_best_checkpoint():
+    """The one check of a TensorFlow, MXNet or JAX run's best checkpoint."""
+    return _assert_best_checkpoint
+
+
 HOROVOD_SCRIPT = "scripts/install-horovod"
 
 

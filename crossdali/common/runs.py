@@ -1,5 +1,5 @@
-"""What a training run leaves on disk, the same for every framework: its folder, its summary and
-the plot of its curves (from ``metrics.jsonl``).
+"""What a training run leaves on disk, the same for every framework: its folder, its summary, the
+plot of its curves (from ``metrics.jsonl``) and its best checkpoint.
 
 Every run writes somewhere: ``--output-dir``, else the folder of the ``--resume`` checkpoint, else
 ``runs/<task>-<framework>-<arch>-<YYYYmmdd-HHMMSS>``; the script says where at start and at the end.
@@ -8,20 +8,31 @@ Every run writes somewhere: ``--output-dir``, else the folder of the ``--resume`
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
+import os
+import shutil
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from crossdali.common.metrics import MetricsWriter, format_epoch_line, latest_records, read_metrics
 from crossdali.common.progress import EpochProgress, format_duration
 
-__all__ = ["PLOT_NAME", "default_run_dir", "choose_run_dir", "open_metrics", "plain_config", "StepLog", "epoch_line",
-           "summarize", "format_summary", "plot_run", "finish_run"]
+__all__ = ["PLOT_NAME", "BEST_CHECKPOINT", "CHECKPOINT_FORMAT", "default_run_dir", "choose_run_dir", "open_metrics",
+           "plain_config", "label_names", "improved", "checkpoint_meta", "write_json", "BestCheckpoint", "StepLog",
+           "epoch_line", "summarize", "format_summary", "plot_run", "finish_run"]
 
 log = logging.getLogger(__name__)
 
 PLOT_NAME = "curves.png"
+#: The stem of a run's best checkpoint: PyTorch's ``checkpoint_best.pth``; TensorFlow's
+#: ``checkpoint_best.index`` + ``.data-*``, JAX's ``.msgpack``, MXNet's ``.params`` + ``.states``,
+#: each with ``checkpoint_best.json`` (``checkpoint_meta``) beside it.
+BEST_CHECKPOINT = "checkpoint_best"
+#: ``format`` of the JSON written by ``checkpoint_meta`` (TensorFlow, MXNet and JAX checkpoints).
+CHECKPOINT_FORMAT = "crossdali.checkpoint/1"
 
 
 def default_run_dir(*, task: str, framework: str, arch: str, root: Path | str = "runs",
@@ -71,6 +82,101 @@ def plain_config(args: argparse.Namespace | dict) -> dict:
             value = repr(value)
         out[key] = value
     return out
+
+
+def label_names(source, *, num_classes: int, sample: bool) -> list[str]:
+    """The class names in label order: an ImageFolder's folders, the sample set's photos (``sample``:
+    no ``--data``), else the label numbers (TFRecord, RecordIO and file lists carry no names)."""
+    if source.classes:
+        return list(source.classes)
+    if sample:
+        from crossdali.common.sample_data import class_names
+
+        return class_names()
+    return [str(i) for i in range(num_classes)]
+
+
+def improved(value: float | None, best: float | None, *, higher_is_better: bool = True) -> bool:
+    """``value`` (finite) beats ``best`` (None: nothing yet). A tie keeps the earlier epoch, as in
+    PyTorch's ``Checkpointer`` and in ``summarize``."""
+    if value is None or not math.isfinite(value):
+        return False
+    return best is None or (value > best if higher_is_better else value < best)
+
+
+def checkpoint_meta(*, framework: str, arch: str, num_classes: int, class_names: Sequence[str], config: dict,
+                    epoch: int, stats: Mapping[str, float], metric: str = "val_top1", task: str = "classification",
+                    files: Sequence[str] = ()) -> dict:
+    """What a checkpoint's weights need beside them to be used later (the keys of a PyTorch
+    checkpoint's ``meta``): task, framework, arch, class names in label order, the full config
+    (``plain_config``), the epochs done (``epoch``), ``metric`` and its ``value`` then, the epoch's
+    val numbers, and the weight ``files``."""
+    return {"format": CHECKPOINT_FORMAT, "task": task, "framework": framework, "arch": arch,
+            "num_classes": num_classes, "class_names": list(class_names), "epoch": epoch, "metric": metric,
+            "value": stats.get(metric), "val": {k: v for k, v in stats.items() if k.startswith("val_")},
+            "files": list(files), "config": plain_config(config)}
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class BestCheckpoint:
+    """``checkpoint_best.*`` of a TensorFlow, MXNet or JAX run (PyTorch's ``Checkpointer`` keeps
+    ``checkpoint_best.pth``): whenever ``metric`` beats the best so far (``improved``), the epoch's
+    checkpoint files are copied to ``checkpoint_best<suffix>`` and ``checkpoint_best.json``
+    (``checkpoint_meta``: ``meta`` plus the epoch and its numbers) is written beside them.
+
+    ``meta``: ``checkpoint_meta``'s framework, arch, num_classes, class_names and config. Only the
+    main rank writes (``enabled``); the run's last checkpoint, the one ``--resume`` takes, is the
+    script's own.
+    """
+
+    def __init__(self, run_dir: Path, *, meta: dict, metric: str = "val_top1", higher_is_better: bool = True,
+                 enabled: bool = True) -> None:
+        self.run_dir, self.meta, self.metric = Path(run_dir), meta, metric
+        self.higher_is_better, self.enabled = higher_is_better, enabled
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self.meta_path = self.run_dir / f"{BEST_CHECKPOINT}.json"
+
+    def resume(self, epochs_done: int) -> None:
+        """A resumed run: the best so far is the best of the first ``epochs_done`` epochs in this
+        folder's ``metrics.jsonl`` (none in a new folder: its first epoch is its best)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not (self.enabled and epochs_done and path.is_file()):
+            return
+        done = [r for r in read_metrics(self.run_dir) if r.get("event") == "epoch" and r.get("epoch", 0) <= epochs_done]
+        summary = summarize(done, metric=self.metric, higher_is_better=self.higher_is_better)
+        self.best, self.best_epoch = summary["best"], summary["best_epoch"]
+
+    def update(self, epoch: int, stats: Mapping[str, float]) -> bool:
+        """Record ``stats[metric]`` of ``epoch`` (1-based) if it beats the best so far."""
+        value = stats.get(self.metric)
+        if not improved(value, self.best, higher_is_better=self.higher_is_better):
+            return False
+        self.best, self.best_epoch = value, epoch
+        return True
+
+    def save(self, files: Mapping[str, Path], *, epoch: int, stats: Mapping[str, float]) -> Path | None:
+        """Copy ``files`` ({suffix: the epoch's checkpoint file}, in that order) to
+        ``checkpoint_best<suffix>`` and write ``checkpoint_best.json`` last; returns its path."""
+        if not self.enabled:
+            return None
+        names = []
+        for suffix, src in files.items():
+            dst = self.run_dir / f"{BEST_CHECKPOINT}{suffix}"
+            tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+            names.append(dst.name)
+        write_json(self.meta_path, checkpoint_meta(**self.meta, epoch=epoch, stats=stats, metric=self.metric,
+                                                   files=names))
+        log.debug("saved %s (epoch %d, %s %s)", self.meta_path, epoch, self.metric, stats.get(self.metric))
+        return self.meta_path
 
 
 class StepLog:

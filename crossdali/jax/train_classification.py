@@ -7,7 +7,9 @@ Same flags as ``crossdali.pytorch.train_classification`` where they apply. One p
 device: the jitted step runs on JAX's default device (the GPU when jaxlib has CUDA). Multi-host
 ``jax.distributed`` is not wired here (docs/jax.md). The checkpoint (``--output-dir``, one
 msgpack file) holds the weights, the optimizer state and the train loader's DALI checkpoint, so
-``--resume`` continues the very data stream the run would have seen.
+``--resume`` continues the very data stream the run would have seen. ``checkpoint_best.msgpack``
+is a copy of it from the epoch of the best val top-1, with ``checkpoint_best.json`` beside it
+(class names, arch, epoch, val top-1 and the full config).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from flax.training import train_state
 
 from crossdali.common.distributed import detect_distributed
 from crossdali.common.metrics import format_test_line, val_stats
-from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
+from crossdali.common.runs import BestCheckpoint, StepLog, choose_run_dir, epoch_line, finish_run, label_names, open_metrics
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
@@ -135,7 +137,8 @@ def evaluate(eval_step, state: TrainState, loader, *, device, num_classes: int) 
 
 
 def load_data(args, backend: str):
-    """Train and val loaders over the same dataset (the train loader with DALI checkpointing)."""
+    """Train and val loaders over the same dataset (the train loader with DALI checkpointing), and
+    the class names."""
     data = args.data if args.data is not None else ensure_classification(size=args.sample_size) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, hw_decoder_load=args.hw_decoder_load, layout="HWC")
@@ -147,7 +150,8 @@ def load_data(args, backend: str):
     num_classes = args.num_classes or train_src.num_classes
     if not num_classes:
         raise ValueError(f"cannot tell the number of classes of {train_src.format} data at {data}: pass --num-classes")
-    return train_loader, val_loader, num_classes
+    return train_loader, val_loader, num_classes, label_names(train_src, num_classes=num_classes,
+                                                              sample=args.data is None)
 
 
 def _checkpoint_path(path: Path) -> Path:
@@ -172,7 +176,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     log_accepted_flags(args, channels_last="the flax models here are NHWC already",
                        checkpoint_every=f"the JAX script saves {CHECKPOINT} at epoch ends only; a run killed "
                                         "mid-epoch redoes that epoch")
-    train_loader, val_loader, num_classes = load_data(args, backend)
+    train_loader, val_loader, num_classes, class_names = load_data(args, backend)
 
     model = create_model(args.arch, num_classes=num_classes, dtype=jnp.bfloat16 if args.amp else jnp.float32)
     base_lr = args.lr * args.batch_size / 256
@@ -200,6 +204,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
     run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="jax",
                              arch=args.arch)
+    best = BestCheckpoint(run_dir, meta={"framework": "jax", "arch": args.arch, "num_classes": num_classes,
+                                         "class_names": class_names, "config": args})
+    best.resume(start_epoch)
     metrics = open_metrics(run_dir, continuing=args.resume is not None)
     log.info("outputs: %s", run_dir)
     metrics.write(event="start", task="classification", framework="jax", arch=args.arch, backend=backend, world_size=1,
@@ -218,7 +225,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         stats |= evaluate(eval_step, state, val_loader, device=device, num_classes=num_classes)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
-        log.info(epoch_line(epoch, args.epochs, stats))
+        is_best = best.update(epoch + 1, stats)
+        log.info(epoch_line(epoch, args.epochs, stats) + ("  (best)" if is_best else ""))
         metrics.write(event="epoch", epoch=epoch + 1, lr=float(schedule((epoch + 1) * steps_per_epoch - 1)), **stats)
         saved = {"state": flax.serialization.to_state_dict(jax.device_get(state)), "epoch": epoch + 1,
                  "loader": train_loader.state_dict()}
@@ -226,6 +234,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         tmp = run_dir / f".{CHECKPOINT}.partial"
         tmp.write_bytes(flax.serialization.msgpack_serialize(saved))
         tmp.replace(run_dir / CHECKPOINT)
+        if is_best:
+            best.save({".msgpack": run_dir / CHECKPOINT}, epoch=epoch + 1, stats=stats)
     finish_run(run_dir, metrics=metrics, metric="val_top1")
     metrics.close()
     return stats

@@ -9,6 +9,11 @@ model zoo names and torchvision's ResNet/MobileNet/SqueezeNet/Inception names (c
 data is read); ``--amp`` is MXNet's AMP (float16) on a CUDA GPU and float32 on the CPU wheel;
 ``--channels-last`` is accepted and stays NCHW (said at start-up: see ``CHANNELS_LAST_NOTE``).
 Without ``--data`` it builds the embedded sample set (if missing).
+
+Checkpoints (rank 0, at epoch ends): ``checkpoint.params`` (weights), ``.states`` (optimizer) and
+``.json`` (``crossdali.common.runs.checkpoint_meta``: class names, arch, epochs done, val top-1,
+the full config), what ``--resume`` takes; and ``checkpoint_best.params``/``.states``/``.json``, the
+same from the epoch of the best val top-1.
 """
 
 from __future__ import annotations
@@ -26,8 +31,18 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from crossdali.common.metrics import format_test_line, val_stats
-from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
-from crossdali.common.sample_data import class_names, ensure_classification
+from crossdali.common.runs import (
+    BestCheckpoint,
+    StepLog,
+    checkpoint_meta,
+    choose_run_dir,
+    epoch_line,
+    finish_run,
+    label_names,
+    open_metrics,
+    write_json,
+)
+from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
@@ -177,16 +192,14 @@ def evaluate(net, loss_fn, loader, *, runtime: Runtime, num_classes: int) -> dic
 
 
 def load_data(args, runtime: Runtime, backend: str):
-    """Train and val iterators over the same dataset, sharded by the global rank."""
+    """Train and val iterators over the same dataset, sharded by the global rank, and the class names."""
     data = args.data
-    num_classes = args.num_classes
     if data is None:
         fmt = "recordio" if backend == "native" else "imagefolder"
         if runtime.dist.is_main:
             ensure_classification(size=args.sample_size)
         runtime.barrier()  # other ranks wait for rank 0 to build the sample set
         data = ensure_classification(size=args.sample_size) / fmt
-        num_classes = num_classes or len(class_names())
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank, dtype="float32",
                   hw_decoder_load=args.hw_decoder_load)
@@ -195,10 +208,11 @@ def load_data(args, runtime: Runtime, backend: str):
     val_src = resolve_source(data, "val", **check)
     train_loader = create_classification_loader(train_src, train=True, **common)
     val_loader = create_classification_loader(val_src, train=False, **common)
-    num_classes = num_classes or train_src.num_classes
+    names = label_names(train_src, num_classes=args.num_classes or train_src.num_classes, sample=args.data is None)
+    num_classes = args.num_classes or train_src.num_classes or len(names)
     if not num_classes:
         raise ValueError(f"cannot tell the number of classes of {train_src.format} data at {data}: pass --num-classes")
-    return train_loader, val_loader, num_classes
+    return train_loader, val_loader, num_classes, names
 
 
 def _use_amp(requested: bool, context: mx.Context) -> bool:
@@ -221,7 +235,7 @@ def _use_amp(requested: bool, context: mx.Context) -> bool:
     return False
 
 
-CHECKPOINT = "checkpoint.params"  # with checkpoint.states (the trainer) and checkpoint.json (epoch, config)
+CHECKPOINT = "checkpoint.params"  # with checkpoint.states (the trainer) and checkpoint.json (checkpoint_meta)
 
 
 def _checkpoint_paths(params: Path) -> tuple[Path, Path, Path]:
@@ -251,7 +265,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     amp = _use_amp(args.amp, runtime.context)
     log.info("rank %d/%d (launcher %s, engine %s), context %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.context)
-    train_loader, val_loader, num_classes = load_data(args, runtime, backend)
+    train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
 
     net = gluon.model_zoo.vision.get_model(arch, classes=num_classes, pretrained=False)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=runtime.context)
@@ -289,10 +303,16 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                 raise FileNotFoundError(f"--resume {args.resume}: {path} does not exist")
         net.load_parameters(str(params), ctx=runtime.context)
         trainer.load_states(str(states))
-        start_epoch = json.loads(meta.read_text())["epoch"] + 1
+        saved = json.loads(meta.read_text())
+        # checkpoint_meta's epoch counts the epochs done; the older format held the last epoch's index
+        start_epoch = saved["epoch"] if "format" in saved else saved["epoch"] + 1
         log.info("resumed from %s at epoch %d", params, start_epoch + 1)
 
     run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="mxnet", arch=arch)
+    about = {"framework": "mxnet", "arch": arch, "num_classes": num_classes, "class_names": class_names,
+             "config": args}
+    best = BestCheckpoint(run_dir, meta=about, enabled=runtime.dist.is_main)
+    best.resume(start_epoch)
     metrics = open_metrics(run_dir, continuing=args.resume is not None, enabled=runtime.dist.is_main)
     log.info("outputs: %s", run_dir)
     metrics.write(event="start", task="classification", arch=arch, backend=backend,
@@ -314,15 +334,17 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         stats |= evaluate(net, loss_fn, val_loader, runtime=runtime, num_classes=num_classes)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
-        log.info(epoch_line(epoch, args.epochs, stats))
+        is_best = best.update(epoch + 1, stats)
+        log.info(epoch_line(epoch, args.epochs, stats) + ("  (best)" if is_best else ""))
         metrics.write(event="epoch", epoch=epoch + 1, lr=trainer.learning_rate, **stats)
         if runtime.dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             params, states, meta = _checkpoint_paths(run_dir / CHECKPOINT)
             net.save_parameters(str(params))
             trainer.save_states(str(states))
-            meta.write_text(json.dumps({"epoch": epoch, "arch": arch, "num_classes": num_classes,
-                                        "args": {k: str(v) for k, v in vars(args).items()}}))
+            write_json(meta, checkpoint_meta(**about, epoch=epoch + 1, stats=stats, files=[params.name, states.name]))
+            if is_best:
+                best.save({".params": params, ".states": states}, epoch=epoch + 1, stats=stats)
     if runtime.dist.is_main:
         finish_run(run_dir, metrics=metrics, metric="val_top1")
     metrics.close()

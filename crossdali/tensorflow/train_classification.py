@@ -12,6 +12,12 @@ not (TF >= 2.16).
 
 Multi-process: one process per GPU, set up by ``crossdali.tensorflow.distributed`` (Horovod under
 a launcher, ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG``), data sharded by the global rank.
+
+Checkpoints (rank 0, at epoch ends): ``ckpt-N`` (the last two, what ``--resume`` takes) and
+``checkpoint_best`` (``.index`` + ``.data-*``: the weights, optimizer and epoch of the best val
+top-1; load with ``tf.train.Checkpoint(model=model).read(prefix).expect_partial()``, or
+``--resume DIR/checkpoint_best --test-only``) with ``checkpoint_best.json`` beside it: class names,
+arch, epoch, val top-1 and the full config.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ import math
 import os
 import shutil
 import time
+from pathlib import Path
 
 import tensorflow as tf
 
 from crossdali.common.metrics import format_test_line, val_stats
-from crossdali.common.runs import StepLog, choose_run_dir, epoch_line, finish_run, open_metrics
+from crossdali.common.runs import BestCheckpoint, StepLog, choose_run_dir, epoch_line, finish_run, label_names, open_metrics
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
@@ -176,7 +183,7 @@ def evaluate(eval_step, loader, *, runtime: Runtime, num_classes: int) -> dict[s
 
 
 def load_data(args, runtime: Runtime, backend: str):
-    """Train and val loaders over the same dataset, sharded by the global rank."""
+    """Train and val loaders over the same dataset, sharded by the global rank, and the class names."""
     data = args.data
     if data is None:
         # every rank builds or reuses the sample set; the build writes to a temporary folder and
@@ -193,7 +200,8 @@ def load_data(args, runtime: Runtime, backend: str):
     num_classes = args.num_classes or train_src.num_classes
     if not num_classes:
         raise ValueError(f"cannot tell the number of classes of {train_src.format} data at {data}: pass --num-classes")
-    return train_loader, val_loader, num_classes
+    names = label_names(train_src, num_classes=num_classes, sample=args.data is None)
+    return train_loader, val_loader, num_classes, names
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
@@ -215,7 +223,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                                         "mid-epoch DALI position); a run killed mid-epoch redoes that epoch")
     log.info("rank %d/%d (launcher %s, engine %s), %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, "GPU" if on_gpu else "CPU")
-    train_loader, val_loader, num_classes = load_data(args, runtime, backend)
+    train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
 
     with runtime.scope():  # tf.distribute: variables mirrored (and synchronised from worker 0)
         model = create_model(args.arch, num_classes=num_classes, crop_size=args.crop_size)
@@ -262,6 +270,10 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         # worker 0 keeps its files
         where = run_dir if runtime.dist.is_main else run_dir / f".worker-{runtime.dist.rank}"
         manager = tf.train.CheckpointManager(ckpt, str(where), max_to_keep=2)
+    best = BestCheckpoint(run_dir, enabled=runtime.dist.is_main, meta={
+        "framework": "tensorflow", "arch": args.arch, "num_classes": num_classes, "class_names": class_names,
+        "config": args})
+    best.resume(start_epoch)
 
     metrics = open_metrics(run_dir, continuing=args.resume is not None, enabled=runtime.dist.is_main)
     log.info("outputs: %s", run_dir)
@@ -288,13 +300,17 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         stats |= evaluate(eval_step, val_loader, runtime=runtime, num_classes=num_classes)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
-        log.info(epoch_line(epoch, args.epochs, stats))
+        is_best = best.update(epoch + 1, stats)
+        log.info(epoch_line(epoch, args.epochs, stats) + ("  (best)" if is_best else ""))
         metrics.write(event="epoch", epoch=epoch + 1, lr=schedule((epoch + 1) * steps_per_epoch - 1), **stats)
         epoch_var.assign(epoch + 1)
         if manager is not None:
-            manager.save(checkpoint_number=epoch + 1)
+            prefix = Path(manager.save(checkpoint_number=epoch + 1))
             if not runtime.dist.is_main:
                 shutil.rmtree(manager.directory, ignore_errors=True)
+            elif is_best:  # a copy of ckpt-N's files, the index last
+                files = sorted(prefix.parent.glob(f"{prefix.name}.data-*")) + [prefix.with_name(f"{prefix.name}.index")]
+                best.save({p.name[len(prefix.name):]: p for p in files}, epoch=epoch + 1, stats=stats)
     if runtime.dist.is_distributed:
         stats["replicas_in_sync"] = replicas_in_sync(model, runtime)
         metrics.write(event="end", replicas_in_sync=stats["replicas_in_sync"])

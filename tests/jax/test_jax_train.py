@@ -1,5 +1,6 @@
-"""The flax/optax training example on DALI batches: beats chance by far, checkpoints, resumes the
-very same run (weights, optimizer and the train loader's DALI state), evaluates."""
+"""The flax/optax training example on DALI batches: beats chance by far, checkpoints (the last and
+the best), resumes the very same run (weights, optimizer and the train loader's DALI state),
+evaluates."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ FAST = ["--sample-size", "tiny", "--arch", "small_cnn", "--crop-size", "64", "-b
         "--lr-warmup-epochs", "1", "-j", "2", "--print-freq", "0", "--data-backend", "dali-cpu"]
 
 
-def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeypatch, assert_finished_run):
+def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeypatch, assert_finished_run,
+                               assert_best_checkpoint):
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     stats = main(get_args_parser().parse_args([*FAST, "--epochs", "6", "--output-dir", str(tmp_path)]))
     assert stats["val_samples"] == 55 and stats["train_samples"] == 264  # every sample once
@@ -38,10 +40,14 @@ def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeyp
     assert [r["epoch"] for r in epochs] == list(range(1, 7))
     assert {"train_img_s", "data_wait_s", "val_top1", "val_top5"} <= set(epochs[-1])
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
-    # the saved weights give exactly the val numbers they were saved with
-    tested = main(get_args_parser().parse_args([*FAST, "--resume", str(tmp_path), "--test-only"]))
-    assert tested["val_top1"] == stats["val_top1"] and tested["val_samples"] == 55
-    assert tested["val_loss"] == pytest.approx(stats["val_loss"], rel=1e-6)
+    # the best val top-1's checkpoint, a copy of that epoch's checkpoint.msgpack: its weights give
+    # exactly the val numbers they were saved with
+    meta = assert_best_checkpoint(tmp_path, framework="jax", suffixes=[".msgpack"],
+                                  config={"arch": "small_cnn", "epochs": 6, "crop_size": 64})
+    tested = main(get_args_parser().parse_args([*FAST, "--resume", str(tmp_path / "checkpoint_best.msgpack"),
+                                                "--test-only"]))
+    assert tested["val_top1"] == meta["value"] and tested["val_samples"] == 55
+    assert tested["val_loss"] == pytest.approx(meta["val"]["val_loss"], rel=1e-6)
 
 
 def test_resume_continues_the_same_run(data_root, tiny_classification, tmp_path, monkeypatch):

@@ -33,7 +33,8 @@ def _env(data_root) -> dict[str, str]:
     return {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
 
 
-def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification, assert_finished_run):
+def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification, assert_finished_run,
+                                           assert_best_checkpoint):
     out = tmp_path / "run"
     proc = subprocess.run([*TRAIN, "--epochs", str(EPOCHS), "--output-dir", str(out)], env=_env(data_root),
                           capture_output=True, text=True, timeout=900)
@@ -48,18 +49,30 @@ def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classificat
     assert all(r["train_img_s"] > 0 and r["data_wait_s"] >= 0 and 0 <= r["val_top1"] <= r["val_top5"] <= 100
                for r in epochs)
 
-    # evaluating the saved checkpoint reproduces the last epoch's top-1 exactly
-    proc = subprocess.run([*TRAIN, "--resume", str(out / "checkpoint.params"), "--test-only", "--output-dir", str(out)],
-                          env=_env(data_root), capture_output=True, text=True, timeout=600)
+    # the last checkpoint's JSON says the same as the best's (crossdali.common.runs.checkpoint_meta)
+    last = json.loads((out / "checkpoint.json").read_text())
+    assert (last["epoch"], last["value"], last["files"]) == (EPOCHS, epochs[-1]["val_top1"],
+                                                             ["checkpoint.params", "checkpoint.states"])
+    # the best val top-1's checkpoint: copies of that epoch's files; its weights load into a fresh
+    # net, and evaluating them reproduces that top-1 exactly
+    best = assert_best_checkpoint(out, framework="mxnet", suffixes=[".params", ".states"],
+                                  config={"arch": "resnet18_v1", "epochs": EPOCHS, "crop_size": 64})
+    from mxnet import gluon
+
+    gluon.model_zoo.vision.get_model(best["arch"], classes=best["num_classes"]).load_parameters(
+        str(out / "checkpoint_best.params"))
+    proc = subprocess.run([*TRAIN, "--resume", str(out / "checkpoint_best.params"), "--test-only", "--output-dir",
+                           str(out)], env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     test = [r for r in read_metrics(out) if r["event"] == "test"][-1]
-    assert test["val_top1"] == pytest.approx(epochs[-1]["val_top1"]) and test["val_samples"] == 55
+    assert test["val_top1"] == pytest.approx(best["value"]) and test["val_samples"] == 55
 
-    # resuming continues at the next epoch
+    # resuming continues at the next epoch, and knows the best so far
     proc = subprocess.run([*TRAIN, "--epochs", str(EPOCHS + 1), "--resume", str(out / "checkpoint.params"),
                            "--output-dir", str(out)], env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["epoch"] for r in read_metrics(out) if r["event"] == "epoch"] == list(range(1, EPOCHS + 2))
+    assert_best_checkpoint(out, framework="mxnet", suffixes=[".params", ".states"], config={"arch": "resnet18_v1"})
 
 
 def test_bad_resume_path_is_named(tmp_path, data_root, tiny_classification):

@@ -1,4 +1,5 @@
-"""Keras training on DALI batches: beats chance by far, checkpoints, resumes, evaluates."""
+"""Keras training on DALI batches: beats chance by far, checkpoints (the last and the best), resumes,
+evaluates."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
 
-from crossdali.tensorflow.train_classification import get_args_parser, main  # noqa: E402
+from crossdali.tensorflow.train_classification import create_model, get_args_parser, main  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
@@ -21,9 +22,11 @@ pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 THRESHOLD = 40.0
 FAST = ["--sample-size", "tiny", "--arch", "small_cnn", "--crop-size", "64", "-b", "16", "--lr", "0.8",
         "--lr-warmup-epochs", "1", "-j", "2", "--print-freq", "0"]
+BEST_FILES = [".data-00000-of-00001", ".index"]  # checkpoint_best.*: ckpt-N's files, copied
 
 
-def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeypatch, assert_finished_run):
+def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeypatch, assert_finished_run,
+                               assert_best_checkpoint):
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     stats = main(get_args_parser().parse_args([*FAST, "--epochs", "12", "--output-dir", str(tmp_path)]))
     assert stats["val_samples"] == 55  # every val sample once
@@ -35,8 +38,18 @@ def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeyp
     assert {"train_img_s", "data_wait_s", "val_top1", "val_top5"} <= set(epochs[-1])
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
 
+    # the best val top-1's weights: they load into a fresh model, and evaluate to that top-1
+    meta = assert_best_checkpoint(tmp_path, framework="tensorflow", suffixes=BEST_FILES,
+                                  config={"arch": "small_cnn", "epochs": 12, "crop_size": 64})
+    fresh = create_model(meta["arch"], num_classes=meta["num_classes"], crop_size=meta["config"]["crop_size"])
+    tf.train.Checkpoint(model=fresh).read(str(tmp_path / "checkpoint_best")).assert_existing_objects_matched().expect_partial()
+    tested = main(get_args_parser().parse_args([*FAST, "--resume", str(tmp_path / "checkpoint_best"), "--test-only",
+                                                "--output-dir", str(tmp_path / "test")]))
+    assert tested["val_top1"] == meta["value"] and tested["val_samples"] == 55
 
-def test_checkpoint_resume_and_test_only(data_root, tiny_classification, tmp_path, monkeypatch):
+
+def test_checkpoint_resume_and_test_only(data_root, tiny_classification, tmp_path, monkeypatch,
+                                         assert_best_checkpoint):
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     out = tmp_path / "run"
     first = main(get_args_parser().parse_args([*FAST, "--epochs", "1", "--output-dir", str(out)]))
@@ -51,6 +64,8 @@ def test_checkpoint_resume_and_test_only(data_root, tiny_classification, tmp_pat
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in epochs if r["event"] == "epoch"] == [1, 2]  # epoch 2 only after resume
     assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-2")
+    # the resumed run knows epoch 1's top-1: the best is epoch 2 only if it beat epoch 1
+    assert_best_checkpoint(out, framework="tensorflow", suffixes=BEST_FILES, config={"arch": "small_cnn"})
 
 
 def test_without_output_dir_the_run_gets_its_own_folder(data_root, tiny_classification, tmp_path, monkeypatch,
