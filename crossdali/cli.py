@@ -111,8 +111,23 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     if not _installed(FRAMEWORKS[framework]):
         raise SystemExit(f"crossdali train {args.task} --framework {framework}: {framework} is not installed here "
                          f"(`pip install -r requirements/{framework}.txt -e .` from the source checkout)")
-    sys.argv = [f"crossdali train {args.task} --framework {framework}", *rest]  # the script's usage line
+    prog = f"crossdali train {args.task} --framework {framework}"
+    sys.argv = [prog, *rest]  # the script's usage line
+    parsers = _script_parsers()
+    if (args.task, framework) in parsers:  # --help and flag mistakes answered before the framework loads
+        parser = parsers[(args.task, framework)]()
+        parser.prog = prog
+        data = getattr(parser.parse_args(rest), "data", None)
+        if data is not None and not data.exists():
+            raise SystemExit(f"{prog}: error: --data {data} does not exist; pass the folder of your dataset "
+                             "(or leave --data out for the embedded sample set)")
     return _run_script(module, rest)
+
+
+def _script_parsers() -> dict:
+    from crossdali.common.script_parsers import PARSERS
+
+    return PARSERS
 
 
 def _bench(name: str, rest: list[str]) -> int:

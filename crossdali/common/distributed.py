@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["LAUNCHER_VARIABLES", "DistInfo", "detect_distributed"]
+__all__ = ["ENGINES", "LAUNCHER_VARIABLES", "DistInfo", "detect_distributed"]
 
 #: launcher name -> (rank, world size, local rank) variable names, in detection order.
 LAUNCHER_VARIABLES: dict[str, tuple[str, str, str]] = {
@@ -32,6 +32,14 @@ LAUNCHER_VARIABLES: dict[str, tuple[str, str, str]] = {
     "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
     "mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
     "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+}
+
+#: ``--engine`` choices of each framework's scripts: how gradients are averaged across processes
+ENGINES = {
+    "pytorch": ("auto", "ddp", "horovod", "none"),
+    "tensorflow": ("auto", "horovod", "tf-distribute", "none"),
+    "mxnet": ("auto", "horovod", "kvstore", "none"),
+    "jax": ("auto", "none"),  # one process: jax.distributed is not wired
 }
 
 

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 from crossdali.common.distributed import DistInfo
 
-__all__ = ["DALI_BACKENDS", "PipelineOptions", "check_backend", "pipeline_options"]
+__all__ = ["DALI_BACKENDS", "CLASSIFICATION_BACKENDS", "PipelineOptions", "check_backend", "pipeline_options"]
 
 #: The backends that run a crossdali DALI pipeline (the others are each framework's own loader).
 DALI_BACKENDS = ("dali-gpu", "dali-cpu")
+#: a classification loader's backends: DALI, the framework's own input pipeline, random tensors
+CLASSIFICATION_BACKENDS = (*DALI_BACKENDS, "native", "synthetic")
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,16 @@ signatures they call).
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from crossdali.common.sample_data import SIZES
 from crossdali.common.script import UsageError
 
-__all__ = ["TrainArgumentParser", "create_parser", "log_accepted_flags", "add_data_args", "add_model_args", "add_optimizer_args",
+__all__ = ["LazyChoices", "TrainArgumentParser",
+           "create_parser", "log_accepted_flags", "add_data_args", "add_model_args", "add_optimizer_args",
            "add_classification_data_args", "add_run_args", "resolve_backend", "positive_int", "non_negative_int"]
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,12 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
             return help_text  # "(default: False)" after every on/off switch is noise
         return f"{help_text.rstrip()} (default: %(default)s)"
 
+    def _expand_help(self, action: argparse.Action) -> str:
+        if isinstance(action.choices, LazyChoices):  # argparse would list them, loading the framework for --help
+            action = copy.copy(action)
+            action.choices = None
+        return super()._expand_help(action)
+
 
 class TrainArgumentParser(argparse.ArgumentParser):
     """argparse with a one-line error (issue: "a user's mistake prints one clear line and exits 2")."""
@@ -54,6 +62,30 @@ class TrainArgumentParser(argparse.ArgumentParser):
 def create_parser(description: str, *, add_help: bool = True) -> TrainArgumentParser:
     """An empty parser whose ``--help`` lists every default and whose errors are one line."""
     return TrainArgumentParser(description=description, add_help=add_help, formatter_class=_HelpFormatter)
+
+
+class LazyChoices(Sequence):
+    """argparse ``choices`` that only a framework can list (torchvision's models, the flax models):
+    ``load()`` runs when argparse first checks a value, i.e. when the flag is given, so ``--help``
+    imports nothing. ``source`` names the list in the help text."""
+
+    def __init__(self, load: Callable[[], Sequence[str]], source: str) -> None:
+        self._load, self.source, self._names = load, source, None
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = list(self._load())
+        return self._names
+
+    def __getitem__(self, index):
+        return self.names[index]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.names
 
 
 def positive_int(text: str) -> int:
@@ -119,7 +151,10 @@ def add_model_args(parser: argparse.ArgumentParser, *, arch: str, arches: Sequen
                    arch_help: str = "model name", num_classes: bool = False) -> None:
     """``--arch``, checked by argparse against ``arches`` (when given) before any data is read."""
     group = parser.add_argument_group("model")
-    if arches is not None:
+    if isinstance(arches, LazyChoices):  # checked when --arch is given; the default is the tests' business
+        group.add_argument("--arch", default=arch, choices=arches, metavar="ARCH",
+                           help=f"{arch_help}; one of the names in {arches.source}")
+    elif arches is not None:
         if arch not in arches:
             raise ValueError(f"default arch {arch!r} is not among the choices {list(arches)}")
         group.add_argument("--arch", default=arch, choices=list(arches), metavar="ARCH",

@@ -21,22 +21,19 @@ import time
 from pathlib import Path
 
 import torch
-import torchvision
 
+from crossdali.common import script_parsers
 from crossdali.common.anchors import ssd300_default_boxes
 from crossdali.common.detection import resolve_detection_source
 from crossdali.common.epochs import batches_per_epoch, choose_last_batch_policy
 from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
-from crossdali.common.sample_data import SIZES
 from crossdali.common.sample_data.detection import ensure_detection
 from crossdali.common.script import UsageError, run
-from crossdali.common.train_args import add_data_args, add_model_args, add_optimizer_args, add_run_args, create_parser
 from crossdali.detection_ssd.coco_eval import coco_map, to_coco_results
 from crossdali.detection_ssd.model import SSD300, BoxCoder, MultiBoxLoss, postprocess
-from crossdali.pytorch.detection import DETECTION_BACKENDS, create_detection_loader
+from crossdali.pytorch.detection import create_detection_loader
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.training import (
-    ENGINES,
     Checkpointer,
     MixedPrecision,
     StepTracker,
@@ -57,26 +54,11 @@ from crossdali.pytorch.training import (
 
 log = logging.getLogger("crossdali.detection")
 
-BACKENDS = (*DETECTION_BACKENDS, "synthetic")
-#: torchvision ResNets the SSD300 backbone accepts (up to layer3, stride 1 in layer3).
-ARCHS = tuple(m for m in torchvision.models.list_models(module=torchvision.models)
-              if m.startswith(("resnet", "resnext", "wide_resnet")))
-
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = create_parser("crossdali SSD300 training", add_help=add_help)
-    add_data_args(parser, backends=BACKENDS, sample_sizes=tuple(SIZES), crop_size=None,
-                  data_help="COCO-format folder (annotations/instances_{train,val}.json, train/, val/)",
-                  workers_help="DALI threads or DataLoader workers per process")
-    add_model_args(parser, arch="resnet50", arches=ARCHS, arch_help="torchvision ResNet for the backbone")
-    parser.add_argument("--weights-backbone", type=Path, default=None, help="local torchvision state dict for the backbone")
-    add_optimizer_args(parser, batch_size=32, epochs=65, lr=2.6e-3, lr_batch=32, lr_warmup_epochs=1.0,
-                       weight_decay=5e-4, label_smoothing=False, batch_help="images per process per step")
-    parser.add_argument("--eval-every", type=int, default=1, help="epochs between COCO evaluations")
-    add_run_args(parser, engines=ENGINES, amp=True, channels_last=False, checkpoint_every=True, run_dir=True,
-                 debug=True, engine_help="gradient averaging; auto: horovod under horovodrun, DDP under torchrun/Slurm",
-                 resume_help="checkpoint_last.pth (or checkpoint_best.pth) to continue from, or to evaluate with --test-only")
-    return parser
+    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    ``crossdali train detection --help`` answers before PyTorch loads."""
+    return script_parsers.ssd_detection(add_help=add_help)
 
 
 def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, amp: MixedPrecision, tracker: StepTracker,

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
+from crossdali.common import script_parsers
 from crossdali.common.distributed import detect_distributed
 from crossdali.common.metrics import format_test_line, val_stats
 from crossdali.common.runs import BestCheckpoint, StepLog, choose_run_dir, epoch_line, finish_run, label_names, open_metrics
@@ -35,34 +36,21 @@ from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
-    add_classification_data_args,
-    add_run_args,
-    create_parser,
     log_accepted_flags,
     resolve_backend,
 )
-from crossdali.jax.loaders import BACKENDS, create_classification_loader
-from crossdali.jax.models import ARCHS, create_model
+from crossdali.jax.loaders import create_classification_loader
+from crossdali.jax.models import create_model
 
 log = logging.getLogger("crossdali.train")
 
-CHECKPOINT = "checkpoint.msgpack"
+CHECKPOINT = script_parsers.JAX_CHECKPOINT
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = create_parser("crossdali JAX/flax classification training", add_help=add_help)
-    add_classification_data_args(parser, backends=BACKENDS, arch="resnet50",
-                                 arch_help=f"one of {', '.join(sorted(ARCHS))} (small_cnn: tests)",
-                                 workers_help="DALI threads")
-    add_run_args(parser, engines=["auto", "none"], amp=True, amp_help="compute in bfloat16 (weights and loss stay float32)",
-                 engine_help="one process only (jax.distributed is not wired): auto and none are the same",
-                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: the flax "
-                                                        "models here are NHWC already",
-                 checkpoint_every=True, checkpoint_every_default=0,
-                 checkpoint_every_help=f"accepted for the PyTorch script's command lines; the JAX script saves "
-                                       f"{CHECKPOINT} at epoch ends only",
-                 debug=True, run_dir=True, resume_help=f"{CHECKPOINT} (or its folder) to resume from")
-    return parser
+    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    ``crossdali train classification --framework jax --help`` answers before JAX loads."""
+    return script_parsers.jax_classification(add_help=add_help)
 
 
 class TrainState(train_state.TrainState):

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 import mxnet as mx
 import numpy as np
 
+from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
 from crossdali.common.distributed import DistInfo, detect_distributed
 
 __all__ = ["Runtime", "KVStoreTrainer", "init_distributed", "ENGINES"]
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("auto", "horovod", "kvstore", "none")
+ENGINES = FRAMEWORK_ENGINES["mxnet"]
 # Integer keys are the trainer's parameter indices (0..n-1); metrics use one far above them.
 _METRICS_KEY = 1_000_003
 _BN_KEYS = 2_000_003

@@ -32,7 +32,7 @@ from crossdali.common.classification import READER_NAME, ClassificationTransform
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch
 from crossdali.common.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint, prepare_split
-from crossdali.common.options import PipelineOptions
+from crossdali.common.options import CLASSIFICATION_BACKENDS, PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
 __all__ = ["BACKENDS", "DATA_NAME", "LABEL_NAME", "DALIClassificationIter", "NativeRecordIter", "SyntheticIter",
@@ -40,7 +40,7 @@ __all__ = ["BACKENDS", "DATA_NAME", "LABEL_NAME", "DALIClassificationIter", "Nat
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("dali-gpu", "dali-cpu", "native", "synthetic")
+BACKENDS = CLASSIFICATION_BACKENDS
 #: Names ``Module`` binds the batch to (``mx.sym.SoftmaxOutput`` reads ``softmax_label``).
 DATA_NAME = "data"
 LABEL_NAME = "softmax_label"

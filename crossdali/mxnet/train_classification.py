@@ -30,6 +30,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+from crossdali.common import script_parsers
 from crossdali.common.metrics import format_test_line, val_stats
 from crossdali.common.runs import (
     BestCheckpoint,
@@ -46,14 +47,11 @@ from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
-    add_classification_data_args,
-    add_run_args,
-    create_parser,
     log_accepted_flags,
     resolve_backend,
 )
-from crossdali.mxnet.distributed import ENGINES, Runtime, init_distributed
-from crossdali.mxnet.loaders import BACKENDS, create_classification_loader
+from crossdali.mxnet.distributed import Runtime, init_distributed
+from crossdali.mxnet.loaders import create_classification_loader
 
 log = logging.getLogger("crossdali.train")
 
@@ -94,25 +92,9 @@ def resolve_arch(arch: str) -> str:
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = create_parser("crossdali MXNet (Gluon) classification training", add_help=add_help)
-    add_classification_data_args(parser, backends=BACKENDS, arch="resnet50_v1",
-                                 arch_help="any gluon.model_zoo.vision name (resnet18_v1, resnet50_v1, ...)",
-                                 workers_help="DALI threads or ImageRecordIter threads per process",
-                                 backend_help="native = mx.io.ImageRecordIter (needs RecordIO)")
-    add_run_args(parser, engines=ENGINES, amp=True,
-                 amp_help="mixed precision: MXNet's AMP (mxnet.contrib.amp, float16 with dynamic loss scaling) on a "
-                          "CUDA GPU; the CPU wheel trains in float32 and says so (no float16 GEMM on the CPU, and "
-                          "its bfloat16 convolutions need AVX-512)",
-                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines; MXNet stays "
-                                                        "NCHW and says so at start-up (NHWC convolutions need cuDNN, "
-                                                        "and Gluon's model zoo builds NCHW models)",
-                 checkpoint_every=True, checkpoint_every_default=0,
-                 checkpoint_every_help="accepted for the PyTorch script's command lines; the MXNet script saves at "
-                                       "epoch ends only (its loaders can resume mid-epoch: state_dict)",
-                 debug=True, run_dir=True,
-                 engine_help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher",
-                 resume_help="checkpoint (.params, or its folder) to resume from")
-    return parser
+    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    ``crossdali train classification --framework mxnet --help`` answers before MXNet loads."""
+    return script_parsers.mxnet_classification(add_help=add_help)
 
 
 def accuracy_counts(output: np.ndarray, target: np.ndarray, topk=(1, 5)) -> list[int]:

@@ -27,6 +27,7 @@ from crossdali.common.dali_loader import DALIIteratorLoader
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.loaders import prepare_split
+from crossdali.common.options import CLASSIFICATION_BACKENDS
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
 __all__ = ["BACKENDS", "create_classification_loader", "DALILoader", "NativeLoader", "ShardSampler",
@@ -34,7 +35,7 @@ __all__ = ["BACKENDS", "create_classification_loader", "DALILoader", "NativeLoad
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("dali-gpu", "dali-cpu", "native", "synthetic")
+BACKENDS = CLASSIFICATION_BACKENDS
 
 
 def require_cuda(backend: str, hint: str = "use dali-cpu") -> None:

@@ -23,17 +23,16 @@ import logging
 import torch
 import torchvision
 
+from crossdali.common import script_parsers
 from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
 from crossdali.common.sample_data import class_names as sample_class_names
 from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import UsageError, run
 from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import add_classification_data_args, add_run_args, create_parser
 from crossdali.pytorch.distributed import Runtime
-from crossdali.pytorch.loaders import BACKENDS, create_classification_loader
+from crossdali.pytorch.loaders import create_classification_loader
 from crossdali.pytorch.multilabel import create_multilabel_loader, resolve_multilabel_source
 from crossdali.pytorch.training import (
-    ENGINES,
     Checkpointer,
     MixedPrecision,
     StepTracker,
@@ -56,19 +55,9 @@ log = logging.getLogger("crossdali.train")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = create_parser("crossdali PyTorch classification training", add_help=add_help)
-    add_classification_data_args(parser, backends=BACKENDS, arch="resnet50",
-                                 arches=torchvision.models.list_models(module=torchvision.models),
-                                 arch_help="torchvision classification model",
-                                 workers_help="DALI threads or DataLoader workers per process")
-    add_run_args(parser, engines=ENGINES, amp=True, channels_last=True, checkpoint_every=True, run_dir=True, debug=True,
-                 engine_help="gradient averaging; auto: horovod under horovodrun, DDP under torchrun/Slurm",
-                 resume_help="checkpoint_last.pth (or checkpoint_best.pth) to continue from, or to evaluate with --test-only")
-    parser.add_argument("--multi-label", action="store_true",
-                        help="several labels per image from list files (--data holding train.txt and val.txt: "
-                             "'<image> <label> <label> ...' per line; default: the multi-label sample set): "
-                             "sigmoid + binary cross-entropy, val mAP and macro F1; DALI backends only")
-    return parser
+    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    ``crossdali train classification --framework pytorch --help`` answers before PyTorch loads."""
+    return script_parsers.pytorch_classification(add_help=add_help)
 
 
 def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, amp: MixedPrecision, tracker: StepTracker,

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
 from crossdali.common.metrics import MetricsWriter, topk_for
 from crossdali.common.progress import EpochProgress
 from crossdali.common.runs import epoch_line
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: ``--engine`` choices of every PyTorch script.
-ENGINES = ("auto", "ddp", "horovod", "none")
+ENGINES = FRAMEWORK_ENGINES["pytorch"]
 CHECKPOINT_LAST = "checkpoint_last.pth"
 CHECKPOINT_BEST = "checkpoint_best.pth"
 _FORMAT = "crossdali.pytorch.training/1"

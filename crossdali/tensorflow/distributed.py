@@ -15,6 +15,7 @@ import os
 
 import tensorflow as tf
 
+from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
 from crossdali.common.distributed import DistInfo, detect_distributed
 from crossdali.tensorflow.devices import enable_memory_growth
 
@@ -22,7 +23,7 @@ __all__ = ["ENGINES", "Runtime", "dist_from_tf_config", "init_distributed"]
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("auto", "horovod", "tf-distribute", "none")
+ENGINES = FRAMEWORK_ENGINES["tensorflow"]
 
 
 class Runtime:

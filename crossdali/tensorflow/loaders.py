@@ -41,7 +41,7 @@ from crossdali.common.classification import READER_NAME, ClassificationTransform
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.loaders import SplitPlan, prepare_split
-from crossdali.common.options import PipelineOptions
+from crossdali.common.options import CLASSIFICATION_BACKENDS, PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, find_undecodable, resolve_source
 from crossdali.tensorflow.devices import enable_memory_growth, tf_device
 
@@ -59,7 +59,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("dali-gpu", "dali-cpu", "native", "synthetic")
+BACKENDS = CLASSIFICATION_BACKENDS
 
 #: Why TensorFlow loaders take no ``checkpointing`` (measured with DALI 2.4 / TF 2.21, docs/tensorflow.md).
 NO_DALI_CHECKPOINTS = ("DALIDataset cannot restore a DALI pipeline checkpoint: over a pipeline built with "

@@ -32,41 +32,26 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from crossdali.common import script_parsers
 from crossdali.common.metrics import format_test_line, val_stats
 from crossdali.common.runs import BestCheckpoint, StepLog, choose_run_dir, epoch_line, finish_run, label_names, open_metrics
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
-    add_classification_data_args,
-    add_run_args,
-    create_parser,
     log_accepted_flags,
     resolve_backend,
 )
-from crossdali.tensorflow.distributed import ENGINES, Runtime, init_distributed
-from crossdali.tensorflow.loaders import BACKENDS, create_classification_loader
+from crossdali.tensorflow.distributed import Runtime, init_distributed
+from crossdali.tensorflow.loaders import create_classification_loader
 
 log = logging.getLogger("crossdali.train")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = create_parser("crossdali TensorFlow/Keras classification training", add_help=add_help)
-    add_classification_data_args(parser, backends=BACKENDS, arch="resnet50",
-                                 arch_help="a tf.keras.applications model (resnet50, mobilenetv2, ...) or 'small_cnn' (tests)",
-                                 workers_help="DALI threads or tf.data parallel calls per process")
-    add_run_args(parser, engines=list(ENGINES), amp=True,
-                 amp_help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU",
-                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: Keras models "
-                                                        "here are NHWC (channels_last) already",
-                 checkpoint_every=True, checkpoint_every_default=0,
-                 checkpoint_every_help="accepted for the PyTorch script's command lines; the TensorFlow script saves "
-                                       "at epoch ends only (DALIDataset cannot restore a mid-epoch DALI position)",
-                 debug=True, run_dir=True,
-                 engine_help="gradient averaging; auto: horovod when a launcher started several processes, "
-                             "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set",
-                 resume_help="checkpoint (prefix or folder) to resume from")
-    return parser
+    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    ``crossdali train classification --framework tensorflow --help`` answers before TensorFlow loads."""
+    return script_parsers.tensorflow_classification(add_help=add_help)
 
 
 def create_model(arch: str, *, num_classes: int, crop_size: int) -> tf.keras.Model:

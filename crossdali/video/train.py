@@ -20,22 +20,14 @@ import logging
 
 import torch
 
+from crossdali.common import script_parsers
 from crossdali.common.epochs import batches_per_epoch, choose_last_batch_policy
 from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
-from crossdali.common.sample_data.video import VIDEO_SIZES, ensure_video
+from crossdali.common.sample_data.video import ensure_video
 from crossdali.common.script import run
-from crossdali.common.train_args import (
-    add_data_args,
-    add_model_args,
-    add_optimizer_args,
-    add_run_args,
-    create_parser,
-    positive_int,
-)
 from crossdali.common.video import resolve_video_source
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.training import (
-    ENGINES,
     Checkpointer,
     MixedPrecision,
     StepTracker,
@@ -52,32 +44,17 @@ from crossdali.pytorch.training import (
     seed_everything,
     training_session,
 )
-from crossdali.pytorch.video import VIDEO_BACKENDS, create_video_loader
-from crossdali.video.models import ARCHS, create_video_model
+from crossdali.pytorch.video import create_video_loader
+from crossdali.video.models import create_video_model
 
 log = logging.getLogger("crossdali.video.train")
 
-BACKENDS = (*VIDEO_BACKENDS, "synthetic")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = create_parser("crossdali video classification training", add_help=add_help)
-    add_data_args(parser, backends=BACKENDS, sample_sizes=tuple(VIDEO_SIZES), workers=2, crop_size=56,
-                  hw_decoder_load=False, workers_help="DALI threads per process",
-                  data_help="folder with train.txt/val.txt ('<path> <label>' lines) or train/<class>/<video>")
-    clips = parser.add_argument_group("clips")
-    clips.add_argument("--clip-len", type=positive_int, default=8, help="frames per clip (sequence_length)")
-    clips.add_argument("--frame-stride", type=positive_int, default=2, help="frames between consecutive clip frames")
-    clips.add_argument("--clip-step", type=positive_int, default=None,
-                       help="frames between clip starts (default clip-len * frame-stride)")
-    clips.add_argument("--hflip", type=float, default=0.5, help="mirror probability (0 if labels are left/right)")
-    add_model_args(parser, arch="small3d", arches=ARCHS, arch_help="video model")
-    add_optimizer_args(parser, batch_size=16, epochs=8, lr=3e-3, lr_batch=None, lr_warmup_epochs=1.0, opt="adamw",
-                       batch_help="clips per process per step")
-    add_run_args(parser, engines=ENGINES, amp=True, checkpoint_every=True, run_dir=True, debug=True, print_freq=20,
-                 engine_help="gradient averaging; auto: horovod under horovodrun, DDP under torchrun/Slurm",
-                 resume_help="checkpoint_last.pth (or checkpoint_best.pth) to continue from, or to evaluate with --test-only")
-    return parser
+    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    ``crossdali train video --help`` answers before PyTorch loads."""
+    return script_parsers.video_classification(add_help=add_help)
 
 
 def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, amp: MixedPrecision, tracker: StepTracker,

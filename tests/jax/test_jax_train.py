@@ -108,9 +108,12 @@ def test_top5_is_left_out_with_five_classes_or_fewer(tiny_classification, tmp_pa
     assert stats["val_samples"] == 15 and "val_top1" in stats and "val_top5" not in stats
 
 
-def test_bad_resume_path_and_arch_are_clear_errors(data_root, tiny_classification, tmp_path, monkeypatch):
+def test_bad_resume_path_and_arch_are_clear_errors(data_root, tiny_classification, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     with pytest.raises(FileNotFoundError, match="no checkpoint there"):
         main(get_args_parser().parse_args([*FAST, "--epochs", "1", "--resume", str(tmp_path)]))
-    with pytest.raises(ValueError, match="--arch must be one of resnet18, resnet34, resnet50, small_cnn"):
-        main(get_args_parser().parse_args([*FAST, "--epochs", "1", "--arch", "vgg"]))
+    with pytest.raises(SystemExit) as e:  # refused by argparse, before any data is read
+        get_args_parser().parse_args([*FAST, "--epochs", "1", "--arch", "vgg"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --arch: invalid choice: 'vgg' (choose from 'resnet18', 'resnet34', 'resnet50', 'small_cnn')" in err

@@ -1,0 +1,178 @@
+"""Every training script's full command line, defined without importing a framework, so that
+``crossdali train TASK --help`` answers at once and a wrong flag or ``--data`` path is refused
+before PyTorch, TensorFlow, JAX or MXNet spend seconds loading (issue: "``--help`` under 1 s with
+lazy imports; argument and data errors before heavy imports").
+
+Each script's ``get_args_parser`` returns its parser from here; ``PARSERS`` maps ``(task,
+framework)`` to it for ``crossdali train``. Model names that only a framework knows (torchvision's
+list, the flax and video models) are checked by argparse as usual, through ``LazyChoices``: the
+framework loads when ``--arch`` is given, not for ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+from crossdali.common.distributed import ENGINES
+from crossdali.common.options import CLASSIFICATION_BACKENDS, DALI_BACKENDS
+from crossdali.common.sample_data import SIZES
+from crossdali.common.sample_data.video import VIDEO_SIZES
+from crossdali.common.train_args import (
+    LazyChoices,
+    add_classification_data_args,
+    add_data_args,
+    add_model_args,
+    add_optimizer_args,
+    add_run_args,
+    create_parser,
+    positive_int,
+)
+
+__all__ = ["PARSERS", "JAX_CHECKPOINT", "pytorch_classification", "tensorflow_classification", "jax_classification",
+           "mxnet_classification", "ssd_detection", "video_classification"]
+
+#: the JAX script's checkpoint file (its flags name it)
+JAX_CHECKPOINT = "checkpoint.msgpack"
+_TORCH_ENGINE_HELP = "gradient averaging; auto: horovod under horovodrun, DDP under torchrun/Slurm"
+_TORCH_RESUME_HELP = "checkpoint_last.pth (or checkpoint_best.pth) to continue from, or to evaluate with --test-only"
+
+
+def _attribute(module: str, name: str) -> Callable[[], list[str]]:
+    """A loader for ``LazyChoices``: the names in ``module.name`` (imported on first use)."""
+    return lambda: list(getattr(importlib.import_module(module), name))
+
+
+def _torchvision_classifiers() -> list[str]:
+    import torchvision
+
+    return torchvision.models.list_models(module=torchvision.models)
+
+
+def _ssd_backbones() -> list[str]:
+    """torchvision ResNets the SSD300 backbone accepts (up to layer3, stride 1 in layer3)."""
+    return [m for m in _torchvision_classifiers() if m.startswith(("resnet", "resnext", "wide_resnet"))]
+
+
+def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = create_parser("crossdali PyTorch classification training", add_help=add_help)
+    add_classification_data_args(
+        parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50",
+        arches=LazyChoices(_torchvision_classifiers, "torchvision.models.list_models()"),
+        arch_help="torchvision classification model", workers_help="DALI threads or DataLoader workers per process")
+    add_run_args(parser, engines=ENGINES["pytorch"], amp=True, channels_last=True, checkpoint_every=True, run_dir=True,
+                 debug=True, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
+    parser.add_argument("--multi-label", action="store_true",
+                        help="several labels per image from list files (--data holding train.txt and val.txt: "
+                             "'<image> <label> <label> ...' per line; default: the multi-label sample set): "
+                             "sigmoid + binary cross-entropy, val mAP and macro F1; DALI backends only")
+    return parser
+
+
+def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = create_parser("crossdali TensorFlow/Keras classification training", add_help=add_help)
+    add_classification_data_args(parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50",
+                                 arch_help="a tf.keras.applications model (resnet50, mobilenetv2, ...) or 'small_cnn' (tests)",
+                                 workers_help="DALI threads or tf.data parallel calls per process")
+    add_run_args(parser, engines=ENGINES["tensorflow"], amp=True,
+                 amp_help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU",
+                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: Keras models "
+                                                        "here are NHWC (channels_last) already",
+                 checkpoint_every=True, checkpoint_every_default=0,
+                 checkpoint_every_help="accepted for the PyTorch script's command lines; the TensorFlow script saves "
+                                       "at epoch ends only (DALIDataset cannot restore a mid-epoch DALI position)",
+                 debug=True, run_dir=True,
+                 engine_help="gradient averaging; auto: horovod when a launcher started several processes, "
+                             "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set",
+                 resume_help="checkpoint (prefix or folder) to resume from")
+    return parser
+
+
+def jax_classification(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = create_parser("crossdali JAX/flax classification training", add_help=add_help)
+    add_classification_data_args(parser, backends=(*DALI_BACKENDS, "synthetic"), arch="resnet50",
+                                 arches=LazyChoices(_attribute("crossdali.jax.models", "ARCHS"),
+                                                    "crossdali.jax.models.ARCHS"),
+                                 arch_help="flax model (small_cnn: tests)", workers_help="DALI threads")
+    add_run_args(parser, engines=ENGINES["jax"], amp=True, amp_help="compute in bfloat16 (weights and loss stay float32)",
+                 engine_help="one process only (jax.distributed is not wired): auto and none are the same",
+                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: the flax "
+                                                        "models here are NHWC already",
+                 checkpoint_every=True, checkpoint_every_default=0,
+                 checkpoint_every_help=f"accepted for the PyTorch script's command lines; the JAX script saves "
+                                       f"{JAX_CHECKPOINT} at epoch ends only",
+                 debug=True, run_dir=True, resume_help=f"{JAX_CHECKPOINT} (or its folder) to resume from")
+    return parser
+
+
+def mxnet_classification(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = create_parser("crossdali MXNet (Gluon) classification training", add_help=add_help)
+    add_classification_data_args(parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50_v1",
+                                 arch_help="any gluon.model_zoo.vision name (resnet18_v1, resnet50_v1, ...)",
+                                 workers_help="DALI threads or ImageRecordIter threads per process",
+                                 backend_help="native = mx.io.ImageRecordIter (needs RecordIO)")
+    add_run_args(parser, engines=ENGINES["mxnet"], amp=True,
+                 amp_help="mixed precision: MXNet's AMP (mxnet.contrib.amp, float16 with dynamic loss scaling) on a "
+                          "CUDA GPU; the CPU wheel trains in float32 and says so (no float16 GEMM on the CPU, and "
+                          "its bfloat16 convolutions need AVX-512)",
+                 channels_last=True, channels_last_help="accepted for the PyTorch script's command lines; MXNet stays "
+                                                        "NCHW and says so at start-up (NHWC convolutions need cuDNN, "
+                                                        "and Gluon's model zoo builds NCHW models)",
+                 checkpoint_every=True, checkpoint_every_default=0,
+                 checkpoint_every_help="accepted for the PyTorch script's command lines; the MXNet script saves at "
+                                       "epoch ends only (its loaders can resume mid-epoch: state_dict)",
+                 debug=True, run_dir=True,
+                 engine_help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher",
+                 resume_help="checkpoint (.params, or its folder) to resume from")
+    return parser
+
+
+def ssd_detection(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = create_parser("crossdali SSD300 training", add_help=add_help)
+    add_data_args(parser, backends=(*DALI_BACKENDS, "native", "synthetic"), sample_sizes=tuple(SIZES), crop_size=None,
+                  data_help="COCO-format folder (annotations/instances_{train,val}.json, train/, val/)",
+                  workers_help="DALI threads or DataLoader workers per process")
+    add_model_args(parser, arch="resnet50", arches=LazyChoices(_ssd_backbones, "torchvision's ResNets"),
+                   arch_help="torchvision ResNet for the backbone")
+    parser.add_argument("--weights-backbone", type=Path, default=None,
+                        help="local torchvision state dict for the backbone")
+    add_optimizer_args(parser, batch_size=32, epochs=65, lr=2.6e-3, lr_batch=32, lr_warmup_epochs=1.0,
+                       weight_decay=5e-4, label_smoothing=False, batch_help="images per process per step")
+    parser.add_argument("--eval-every", type=int, default=1, help="epochs between COCO evaluations")
+    add_run_args(parser, engines=ENGINES["pytorch"], amp=True, channels_last=False, checkpoint_every=True,
+                 run_dir=True, debug=True, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
+    return parser
+
+
+def video_classification(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = create_parser("crossdali video classification training", add_help=add_help)
+    add_data_args(parser, backends=(*DALI_BACKENDS, "synthetic"), sample_sizes=tuple(VIDEO_SIZES), workers=2,
+                  crop_size=56, hw_decoder_load=False, workers_help="DALI threads per process",
+                  data_help="folder with train.txt/val.txt ('<path> <label>' lines) or train/<class>/<video>")
+    clips = parser.add_argument_group("clips")
+    clips.add_argument("--clip-len", type=positive_int, default=8, help="frames per clip (sequence_length)")
+    clips.add_argument("--frame-stride", type=positive_int, default=2, help="frames between consecutive clip frames")
+    clips.add_argument("--clip-step", type=positive_int, default=None,
+                       help="frames between clip starts (default clip-len * frame-stride)")
+    clips.add_argument("--hflip", type=float, default=0.5, help="mirror probability (0 if labels are left/right)")
+    add_model_args(parser, arch="small3d", arches=LazyChoices(_attribute("crossdali.video.models", "ARCHS"),
+                                                              "crossdali.video.models.ARCHS"),
+                   arch_help="video model")
+    add_optimizer_args(parser, batch_size=16, epochs=8, lr=3e-3, lr_batch=None, lr_warmup_epochs=1.0, opt="adamw",
+                       batch_help="clips per process per step")
+    add_run_args(parser, engines=ENGINES["pytorch"], amp=True, checkpoint_every=True, run_dir=True, debug=True,
+                 print_freq=20, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
+    return parser
+
+
+#: (task, framework) -> the parser of the script ``crossdali train`` runs (``crossdali.cli.TRAIN_SCRIPTS``)
+PARSERS: dict[tuple[str, str], Callable[..., argparse.ArgumentParser]] = {
+    ("classification", "pytorch"): pytorch_classification,
+    ("classification", "tensorflow"): tensorflow_classification,
+    ("classification", "jax"): jax_classification,
+    ("classification", "mxnet"): mxnet_classification,
+    ("detection", "pytorch"): ssd_detection,
+    ("video", "pytorch"): video_classification,
+}
