@@ -26,7 +26,6 @@ from crossdali.common import script_parsers
 from crossdali.common.anchors import ssd300_default_boxes
 from crossdali.common.detection import resolve_detection_source
 from crossdali.common.epochs import batches_per_epoch, choose_last_batch_policy
-from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
 from crossdali.common.sample_data.detection import ensure_detection
 from crossdali.common.script import UsageError, run
 from crossdali.detection_ssd.coco_eval import coco_map, to_coco_results
@@ -34,21 +33,16 @@ from crossdali.detection_ssd.model import SSD300, BoxCoder, MultiBoxLoss, postpr
 from crossdali.pytorch.detection import create_detection_loader
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.training import (
-    Checkpointer,
     MixedPrecision,
     StepTracker,
     StopRequest,
     SyntheticBatches,
-    TrainState,
-    agree_run_dir,
     build_on_rank0,
     choose_backend,
-    create_optimizer,
-    create_scheduler,
     gather_objects,
     load_checkpoint,
-    scaled_lr,
     seed_everything,
+    start_run,
     training_session,
 )
 
@@ -154,51 +148,28 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
         log.info("backbone %s from random weights (no pretrained weights: none can be downloaded here)", args.arch)
     model.to(runtime.device)
     coder = BoxCoder()
-    lr = scaled_lr(args.lr, batch_size=args.batch_size, world_size=runtime.dist.world_size, reference_batch=32)
-    optimizer = create_optimizer(args.opt, model.parameters(), lr=lr, momentum=args.momentum,
-                                 weight_decay=args.weight_decay)
-    scheduler = create_scheduler(optimizer, epochs=args.epochs, steps_per_epoch=len(train_loader),
-                                 warmup_epochs=args.lr_warmup_epochs, start_factor=0.01)
     criterion = MultiBoxLoss()
-    amp = MixedPrecision(enabled=args.amp, runtime=runtime)
-
-    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="detection", framework="pytorch", arch=args.arch)
-    run_dir = agree_run_dir(runtime, run_dir)
-    checkpointer = Checkpointer(run_dir, runtime=runtime, metric="val_map", meta={
-        "task": "detection", "framework": "pytorch", "arch": args.arch, "num_classes": num_classes,
-        "class_names": class_names, "config": plain_config(args)})
-    ddp_model = runtime.wrap_model(model)
-    optimizer = runtime.wrap_optimizer(optimizer, model)
-    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, amp=amp, loader=train_loader)
-    checkpointer.resume(ckpt, state, path=args.resume, test_only=args.test_only)
-    metrics = open_metrics(run_dir, continuing=ckpt is not None, enabled=runtime.dist.is_main)
-    log.info("outputs: %s", run_dir)
-    metrics.write(event="start", task="detection", framework="pytorch", arch=args.arch, backend=backend,
-                  world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=lr,
-                  epochs=args.epochs, num_classes=num_classes, resumed_from=str(args.resume) if ckpt else None,
-                  epoch=state.epoch, step=state.step, torch_threads=torch.get_num_threads())
+    r = start_run(args, runtime, model, train_loader, task="detection", metric="val_map", ckpt=ckpt, backend=backend,
+                  num_classes=num_classes, class_names=class_names, reference_batch=32, warmup_start_factor=0.01)
     if args.test_only:
         if val_loader is None:
             raise UsageError("--test-only needs real data (COCO mAP): drop --data-backend synthetic")
-        stats = evaluate(ddp_model, val_loader, runtime=runtime, coder=coder, amp=amp)
+        stats = evaluate(r.ddp_model, val_loader, runtime=runtime, coder=coder, amp=r.amp)
         log.info("test: mAP %.4f  mAP@0.5 %.4f over %d images", stats["val_map"], stats["val_map50"], stats["val_images"])
-        metrics.write(event="test", **stats)
+        r.metrics.write(event="test", **stats)
         return stats
 
-    tracker = StepTracker(state, runtime=runtime, checkpointer=checkpointer, metrics=metrics, stop=stop,
-                          epochs=args.epochs, checkpoint_every=args.checkpoint_every, print_freq=args.print_freq)
+    tracker = r.tracker(stop)
     stats: dict[str, float] = {}
-    while state.epoch < args.epochs:
-        stats = train_one_epoch(ddp_model, criterion, optimizer, scheduler, train_loader, amp=amp, tracker=tracker,
+    while r.state.epoch < args.epochs:
+        stats = train_one_epoch(r.ddp_model, criterion, r.optimizer, r.scheduler, train_loader, amp=r.amp, tracker=tracker,
                                 runtime=runtime)
-        epoch = state.epoch + 1
+        epoch = r.state.epoch + 1
         if val_loader is not None and math.isfinite(stats["train_loss"]) and (
                 epoch % args.eval_every == 0 or epoch == args.epochs):
-            stats |= evaluate(ddp_model, val_loader, runtime=runtime, coder=coder, amp=amp)
+            stats |= evaluate(r.ddp_model, val_loader, runtime=runtime, coder=coder, amp=r.amp)
         tracker.end_epoch(stats)
-    if runtime.dist.is_main:
-        finish_run(run_dir, metrics=metrics, metric="val_map")
-    metrics.close()
+    r.finish()
     return stats
 
 

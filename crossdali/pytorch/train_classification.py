@@ -24,7 +24,6 @@ import torch
 import torchvision
 
 from crossdali.common import script_parsers
-from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
 from crossdali.common.sample_data import class_names as sample_class_names
 from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import UsageError, run
@@ -33,21 +32,16 @@ from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.loaders import create_classification_loader
 from crossdali.pytorch.multilabel import create_multilabel_loader, resolve_multilabel_source
 from crossdali.pytorch.training import (
-    Checkpointer,
     MixedPrecision,
     StepTracker,
     StopRequest,
-    TrainState,
-    agree_run_dir,
     build_on_rank0,
     choose_backend,
-    create_optimizer,
-    create_scheduler,
     evaluate_classifier,
     evaluate_multilabel,
     load_checkpoint,
-    scaled_lr,
     seed_everything,
+    start_run,
     training_session,
 )
 
@@ -155,38 +149,17 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     model = torchvision.models.get_model(args.arch, weights=None, num_classes=num_classes).to(runtime.device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    lr = scaled_lr(args.lr, batch_size=args.batch_size, world_size=runtime.dist.world_size, reference_batch=256)
-    optimizer = create_optimizer(args.opt, model.parameters(), lr=lr, momentum=args.momentum,
-                                 weight_decay=args.weight_decay)
-    scheduler = create_scheduler(optimizer, epochs=args.epochs, steps_per_epoch=len(train_loader),
-                                 warmup_epochs=args.lr_warmup_epochs)
     if args.multi_label:
         criterion = torch.nn.BCEWithLogitsLoss()  # one sigmoid per class: any number of labels per image
     else:
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     metric = "val_map" if args.multi_label else "val_top1"
-    amp = MixedPrecision(enabled=args.amp, runtime=runtime)
-
-    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="pytorch",
-                             arch=args.arch)
-    run_dir = agree_run_dir(runtime, run_dir)
-    checkpointer = Checkpointer(run_dir, runtime=runtime, metric=metric, meta={
-        "task": "classification", "framework": "pytorch", "arch": args.arch, "num_classes": num_classes,
-        "multi_label": args.multi_label,
-        "class_names": class_names, "config": plain_config(args)})
-    ddp_model = runtime.wrap_model(model)
-    optimizer = runtime.wrap_optimizer(optimizer, model)
-    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, amp=amp, loader=train_loader)
-    checkpointer.resume(ckpt, state, path=args.resume, test_only=args.test_only)
-    metrics = open_metrics(run_dir, continuing=ckpt is not None, enabled=runtime.dist.is_main)
-    log.info("outputs: %s", run_dir)
-    metrics.write(event="start", task="classification", framework="pytorch", arch=args.arch, backend=backend,
-                  world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=lr,
-                  epochs=args.epochs, num_classes=num_classes, resumed_from=str(args.resume) if ckpt else None,
-                  epoch=state.epoch, step=state.step, torch_threads=torch.get_num_threads())
+    r = start_run(args, runtime, model, train_loader, task="classification", metric=metric, ckpt=ckpt, backend=backend,
+                  num_classes=num_classes, class_names=class_names, reference_batch=256,
+                  meta={"multi_label": args.multi_label})
 
     if args.test_only:
-        stats = evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp=amp, num_classes=num_classes,
+        stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes,
                          channels_last=args.channels_last, multi_label=args.multi_label)
         if args.multi_label:
             log.info("test: val loss %.4f mAP %.2f F1 %.2f over %d samples", stats["val_loss"], stats["val_map"],
@@ -195,21 +168,18 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
             top5 = f" top5 {stats['val_top5']:.2f}" if "val_top5" in stats else ""
             log.info("test: val loss %.4f top1 %.2f%s over %d samples", stats["val_loss"], stats["val_top1"], top5,
                      stats["val_samples"])
-        metrics.write(event="test", **stats)
+        r.metrics.write(event="test", **stats)
         return stats
 
-    tracker = StepTracker(state, runtime=runtime, checkpointer=checkpointer, metrics=metrics, stop=stop,
-                          epochs=args.epochs, checkpoint_every=args.checkpoint_every, print_freq=args.print_freq)
+    tracker = r.tracker(stop)
     stats: dict[str, float] = {}
-    while state.epoch < args.epochs:
-        stats = train_one_epoch(ddp_model, criterion, optimizer, scheduler, train_loader, amp=amp, tracker=tracker,
+    while r.state.epoch < args.epochs:
+        stats = train_one_epoch(r.ddp_model, criterion, r.optimizer, r.scheduler, train_loader, amp=r.amp, tracker=tracker,
                                 runtime=runtime, channels_last=args.channels_last)
-        stats |= evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp=amp, num_classes=num_classes,
+        stats |= evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes,
                           channels_last=args.channels_last, multi_label=args.multi_label)
         tracker.end_epoch(stats)
-    if runtime.dist.is_main:
-        finish_run(run_dir, metrics=metrics, metric=metric)
-    metrics.close()
+    r.finish()
     return stats
 
 

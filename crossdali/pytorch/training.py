@@ -40,7 +40,7 @@ import torch
 from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
 from crossdali.common.metrics import MetricsWriter, topk_for
 from crossdali.common.progress import EpochProgress
-from crossdali.common.runs import epoch_line
+from crossdali.common.runs import choose_run_dir, epoch_line, finish_run, open_metrics, plain_config
 from crossdali.common.script import TrainingStopped, UsageError, configure_logging
 from crossdali.common.train_args import resolve_backend
 from crossdali.pytorch.distributed import Runtime, init_distributed
@@ -48,7 +48,7 @@ from crossdali.pytorch.distributed import Runtime, init_distributed
 __all__ = ["ENGINES", "CHECKPOINT_LAST", "CHECKPOINT_BEST", "training_session", "choose_backend", "seed_everything",
            "agree_run_dir", "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision",
            "accuracy_counts", "evaluate_classifier", "SyntheticBatches", "gather_objects", "StopRequest", "TrainState",
-           "Checkpointer", "load_checkpoint", "StepTracker"]
+           "Checkpointer", "load_checkpoint", "StepTracker", "Run", "start_run"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -579,3 +579,70 @@ class StepTracker:
         self.checkpointer.save(state, best=best)
         self._progress = None
         self.stop_if_asked()
+
+
+@dataclass
+class Run:
+    """What a PyTorch training script trains with once its model is built, set up the same way by
+    the classification, SSD and video scripts (``start_run``)."""
+
+    args: Any
+    runtime: Runtime
+    model: torch.nn.Module  #: the bare model: what checkpoints hold
+    ddp_model: torch.nn.Module  #: what the steps run (DDP-wrapped under torchrun)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    amp: MixedPrecision
+    run_dir: Path
+    checkpointer: Checkpointer
+    state: TrainState
+    metrics: MetricsWriter
+    metric: str
+    lr: float
+
+    def tracker(self, stop: StopRequest, *, unit: str = "img") -> StepTracker:
+        """The per-step bookkeeping of this run's epochs (``--checkpoint-every``, ``--print-freq``)."""
+        return StepTracker(self.state, runtime=self.runtime, checkpointer=self.checkpointer, metrics=self.metrics,
+                           stop=stop, epochs=self.args.epochs, checkpoint_every=self.args.checkpoint_every,
+                           print_freq=self.args.print_freq, unit=unit)
+
+    def finish(self, *, unit: str = "img") -> None:
+        """The summary record, the plot and the summary lines (rank 0), then the metrics file closed."""
+        if self.runtime.dist.is_main:
+            finish_run(self.run_dir, metrics=self.metrics, metric=self.metric, unit=unit)
+        self.metrics.close()
+
+
+def start_run(args: Any, runtime: Runtime, model: torch.nn.Module, train_loader: Any, *, task: str, metric: str,
+              ckpt: dict | None, backend: str, num_classes: int, class_names: list[str],
+              reference_batch: int | None, warmup_start_factor: float = 0.1, meta: dict | None = None,
+              start: dict | None = None) -> Run:
+    """Optimizer and schedule (``--opt``, ``--lr`` scaled to the global batch from
+    ``reference_batch``, warm-up from ``warmup_start_factor``), AMP, the run folder and its
+    checkpointer (``metric`` picks ``checkpoint_best``), the model wrapped for the engine, the
+    ``--resume`` state restored, and ``metrics.jsonl`` opened with its ``start`` record. ``meta``:
+    more of the checkpoint's metadata; ``start``: more fields of the start record."""
+    lr = scaled_lr(args.lr, batch_size=args.batch_size, world_size=runtime.dist.world_size,
+                   reference_batch=reference_batch)
+    optimizer = create_optimizer(args.opt, model.parameters(), lr=lr, momentum=args.momentum,
+                                 weight_decay=args.weight_decay)
+    scheduler = create_scheduler(optimizer, epochs=args.epochs, steps_per_epoch=len(train_loader),
+                                 warmup_epochs=args.lr_warmup_epochs, start_factor=warmup_start_factor)
+    amp = MixedPrecision(enabled=args.amp, runtime=runtime)
+    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task=task, framework="pytorch", arch=args.arch)
+    run_dir = agree_run_dir(runtime, run_dir)
+    checkpointer = Checkpointer(run_dir, runtime=runtime, metric=metric, meta={
+        "task": task, "framework": "pytorch", "arch": args.arch, "num_classes": num_classes, **(meta or {}),
+        "class_names": class_names, "config": plain_config(args)})
+    ddp_model = runtime.wrap_model(model)
+    optimizer = runtime.wrap_optimizer(optimizer, model)
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, amp=amp, loader=train_loader)
+    checkpointer.resume(ckpt, state, path=args.resume, test_only=args.test_only)
+    metrics = open_metrics(run_dir, continuing=ckpt is not None, enabled=runtime.dist.is_main)
+    log.info("outputs: %s", run_dir)
+    metrics.write(event="start", task=task, framework="pytorch", arch=args.arch, backend=backend,
+                  world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=lr,
+                  epochs=args.epochs, num_classes=num_classes, resumed_from=str(args.resume) if ckpt else None,
+                  epoch=state.epoch, step=state.step, torch_threads=torch.get_num_threads(), **(start or {}))
+    return Run(args=args, runtime=runtime, model=model, ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler,
+               amp=amp, run_dir=run_dir, checkpointer=checkpointer, state=state, metrics=metrics, metric=metric, lr=lr)

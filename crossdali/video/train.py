@@ -22,26 +22,21 @@ import torch
 
 from crossdali.common import script_parsers
 from crossdali.common.epochs import batches_per_epoch, choose_last_batch_policy
-from crossdali.common.runs import choose_run_dir, finish_run, open_metrics, plain_config
 from crossdali.common.sample_data.video import ensure_video
 from crossdali.common.script import run
 from crossdali.common.video import resolve_video_source
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.training import (
-    Checkpointer,
     MixedPrecision,
     StepTracker,
     StopRequest,
     SyntheticBatches,
-    TrainState,
-    agree_run_dir,
     build_on_rank0,
     choose_backend,
-    create_optimizer,
-    create_scheduler,
     evaluate_classifier,
     load_checkpoint,
     seed_everything,
+    start_run,
     training_session,
 )
 from crossdali.pytorch.video import create_video_loader
@@ -121,48 +116,25 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
              runtime.dist.launcher, runtime.engine, runtime.device)
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
     model = create_video_model(args.arch, num_classes=num_classes).to(runtime.device)
-    optimizer = create_optimizer(args.opt, model.parameters(), lr=args.lr, momentum=args.momentum,
-                                 weight_decay=args.weight_decay)
-    scheduler = create_scheduler(optimizer, epochs=args.epochs, steps_per_epoch=len(train_loader),
-                                 warmup_epochs=args.lr_warmup_epochs, start_factor=0.04)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    amp = MixedPrecision(enabled=args.amp, runtime=runtime)
-
-    run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="video", framework="pytorch", arch=args.arch)
-    run_dir = agree_run_dir(runtime, run_dir)
-    checkpointer = Checkpointer(run_dir, runtime=runtime, metric="val_top1", meta={
-        "task": "video", "framework": "pytorch", "arch": args.arch, "num_classes": num_classes,
-        "class_names": class_names, "config": plain_config(args)})
-    ddp_model = runtime.wrap_model(model)
-    optimizer = runtime.wrap_optimizer(optimizer, model)
-    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, amp=amp, loader=train_loader)
-    checkpointer.resume(ckpt, state, path=args.resume, test_only=args.test_only)
-    metrics = open_metrics(run_dir, continuing=ckpt is not None, enabled=runtime.dist.is_main)
-    log.info("outputs: %s", run_dir)
-    metrics.write(event="start", task="video", framework="pytorch", arch=args.arch, backend=backend,
-                  world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size,
-                  clip_len=args.clip_len, frame_stride=args.frame_stride, num_classes=num_classes, epochs=args.epochs,
-                  resumed_from=str(args.resume) if ckpt else None, epoch=state.epoch, step=state.step,
-                  torch_threads=torch.get_num_threads())
+    r = start_run(args, runtime, model, train_loader, task="video", metric="val_top1", ckpt=ckpt, backend=backend,
+                  num_classes=num_classes, class_names=class_names, reference_batch=None, warmup_start_factor=0.04,
+                  start={"clip_len": args.clip_len, "frame_stride": args.frame_stride})
     if args.test_only:
-        stats = evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp=amp, num_classes=num_classes)
+        stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes)
         log.info("test: val loss %.4f top1 %.2f over %d clips", stats["val_loss"], stats["val_top1"],
                  stats["val_samples"])
-        metrics.write(event="test", **stats)
+        r.metrics.write(event="test", **stats)
         return stats
 
-    tracker = StepTracker(state, runtime=runtime, checkpointer=checkpointer, metrics=metrics, stop=stop,
-                          epochs=args.epochs, checkpoint_every=args.checkpoint_every, print_freq=args.print_freq,
-                          unit="clips")
+    tracker = r.tracker(stop, unit="clips")
     stats: dict[str, float] = {}
-    while state.epoch < args.epochs:
-        stats = train_one_epoch(ddp_model, criterion, optimizer, scheduler, train_loader, amp=amp, tracker=tracker,
+    while r.state.epoch < args.epochs:
+        stats = train_one_epoch(r.ddp_model, criterion, r.optimizer, r.scheduler, train_loader, amp=r.amp, tracker=tracker,
                                 runtime=runtime)
-        stats |= evaluate(ddp_model, criterion, val_loader, runtime=runtime, amp=amp, num_classes=num_classes)
+        stats |= evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes)
         tracker.end_epoch(stats)
-    if runtime.dist.is_main:
-        finish_run(run_dir, metrics=metrics, metric="val_top1", unit="clips")
-    metrics.close()
+    r.finish(unit="clips")
     return stats
 
 
