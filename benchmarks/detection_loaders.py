@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -136,7 +137,7 @@ def main(args: argparse.Namespace) -> dict:
                *gpu_configs[1:]]
     report = {
         "benchmark": "detection_loaders",
-        "command": "python -m benchmarks.detection_loaders --out results/",
+        "command": " ".join(["python", "-m", "benchmarks.detection_loaders", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),

@@ -16,7 +16,6 @@ pytest.importorskip("mxnet")
 
 pytestmark = [pytest.mark.slow, pytest.mark.mxnet]
 ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 # 11 classes: chance is 9.1 %. Six epochs of ResNet-18 v1 at 64 px reached 76.4 % top-1 here (epochs
 # 3-5: 36, 38, 56 %). MXNet's ResNet needs the lower LR and the extra epochs that PyTorch's run does
 # without: at lr 0.2 BatchNorm's running statistics lag the fast-moving weights (eval-mode loss 79
@@ -30,7 +29,7 @@ LAUNCH = [sys.executable, "-m", "crossdali.mxnet.launch", "-n", "2", "--"]
 
 
 def _env(data_root) -> dict[str, str]:
-    return {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "2"}
+    return {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}  # conftest put ROOT on PYTHONPATH
 
 
 def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classification, assert_finished_run,

@@ -33,8 +33,7 @@ def test_guide_has_the_promised_steps():
 def test_every_code_block_runs(tmp_path):
     script = tmp_path / "guide.py"
     script.write_text("\n\n".join(f"# --- block {i}\n{code}" for i, code in enumerate(guide_blocks())))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout

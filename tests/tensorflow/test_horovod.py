@@ -5,7 +5,6 @@ not in the CI environment), skipped with the reason elsewhere."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -13,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from crossdali.common.metrics import read_metrics
 
 pytest.importorskip("tensorflow")
 
@@ -38,7 +39,7 @@ def test_horovodrun_two_ranks(data_root, tiny_classification, tmp_path):
            "--print-freq", "0", "--output-dir", str(tmp_path)]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path)
     start = next(r for r in records if r["event"] == "start")
     assert start["engine"] == "horovod" and start["world_size"] == 2
     for r in (r for r in records if r["event"] == "epoch"):

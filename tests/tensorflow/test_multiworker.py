@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from crossdali.common.metrics import read_metrics
+
 pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
 
@@ -47,7 +49,7 @@ def test_two_workers_train_in_sync(data_root, tiny_classification, tmp_path):
             raise
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path)
     start = next(r for r in records if r["event"] == "start")
     assert start["engine"] == "tf-distribute" and start["world_size"] == 2
     epochs = [r for r in records if r["event"] == "epoch"]

@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tf_vs_torch_smoke(tmp_path, data_root):
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}  # conftest put ROOT on PYTHONPATH
     # measured 32 s alone and 60 s inside pytest on the loaded 2-core CPU machine
     proc = subprocess.run([sys.executable, "-m", "benchmarks.tf_vs_torch", "--smoke", "--out", str(tmp_path)], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -44,8 +43,7 @@ def test_tf_vs_torch_smoke(tmp_path, data_root):
 def test_training_speed_smoke(tmp_path, data_root):
     """``benchmarks/training_speed.py --smoke``: the Keras training rows (synthetic, DALI, native) run the
     real script and their steady-state rates come from its step records."""
-    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}  # conftest put ROOT on PYTHONPATH
     # measured 15 s on an idle 2-core CPU machine
     proc = subprocess.run([sys.executable, "-m", "benchmarks.training_speed", "--smoke", "--framework", "tensorflow",
                            "--out", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)

@@ -77,8 +77,7 @@ def test_loader_iteration_and_dataset_agree_on_the_gpu(indexed_val_source):
 
 
 def _run(code: str, data: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "TF_CPP_MIN_LOG_LEVEL": "0", "DATA": str(data)}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0", "DATA": str(data)}  # conftest put ROOT on PYTHONPATH
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

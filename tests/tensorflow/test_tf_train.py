@@ -3,10 +3,11 @@ evaluates."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
+
+from crossdali.common.metrics import read_metrics
 
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
@@ -61,7 +62,7 @@ def test_checkpoint_resume_and_test_only(data_root, tiny_classification, tmp_pat
     resumed = main(get_args_parser().parse_args([*FAST, "--epochs", "2", "--resume", str(out),
                                                  "--output-dir", str(out)]))
     assert resumed["train_samples"] == 264
-    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = read_metrics(out)
     assert [r["epoch"] for r in epochs if r["event"] == "epoch"] == [1, 2]  # epoch 2 only after resume
     assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-2")
     # the resumed run knows epoch 1's top-1: the best is epoch 2 only if it beat epoch 1
