@@ -105,8 +105,8 @@ def _assert_best_checkpoint(run_dir: Path, *, framework: str, suffixes: list[str
     """The best checkpoint of a TensorFlow, MXNet or JAX run on the sample set
     (``crossdali.common.runs.BestCheckpoint``): its weight files (``checkpoint_best<suffix>``) and
     ``checkpoint_best.json``, which names the class names, the full config (``config`` among its
-    values) and the epoch of the best val top-1 in ``metrics.jsonl`` (the earliest of a tie).
-    Returns the JSON."""
+    values) and the epoch of the best val top-1 in ``metrics.jsonl`` (the earliest of a tie); and
+    ``checkpoint.json``, the same description of the last checkpoint. Returns the best's JSON."""
     import json
 
     from crossdali.common.metrics import latest_records, read_metrics
@@ -123,6 +123,12 @@ def _assert_best_checkpoint(run_dir: Path, *, framework: str, suffixes: list[str
     assert config.items() <= meta["config"].items() and {"lr", "batch_size", "seed", "data_backend"} <= set(meta["config"])
     assert meta["files"] == [f"{BEST_CHECKPOINT}{s}" for s in suffixes]
     assert all((run_dir / name).stat().st_size > 0 for name in meta["files"])
+    # the last checkpoint (what --resume takes) is described the same way, for its own epoch
+    last = json.loads((run_dir / "checkpoint.json").read_text())
+    assert (last["format"], last["framework"], last["epoch"]) == (CHECKPOINT_FORMAT, framework, epochs[-1]["epoch"])
+    assert last["class_names"] == meta["class_names"] and config.items() <= last["config"].items()  # a resumed
+    # run's config differs from the best's in --resume and --epochs
+    assert all(list(run_dir.glob(f"{name}*")) for name in last["files"])  # TensorFlow's names a prefix
     return meta
 
 

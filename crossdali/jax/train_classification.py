@@ -31,7 +31,17 @@ from flax.training import train_state
 from crossdali.common import script_parsers
 from crossdali.common.distributed import detect_distributed
 from crossdali.common.metrics import format_test_line, val_stats
-from crossdali.common.runs import BestCheckpoint, StepLog, choose_run_dir, epoch_line, finish_run, label_names, open_metrics
+from crossdali.common.runs import (
+    BestCheckpoint,
+    StepLog,
+    checkpoint_meta,
+    choose_run_dir,
+    epoch_line,
+    finish_run,
+    label_names,
+    open_metrics,
+    write_json,
+)
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
@@ -222,6 +232,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         tmp = run_dir / f".{CHECKPOINT}.partial"
         tmp.write_bytes(flax.serialization.msgpack_serialize(saved))
         tmp.replace(run_dir / CHECKPOINT)
+        write_json(run_dir / "checkpoint.json", checkpoint_meta(**best.meta, epoch=epoch + 1, stats=stats,
+                                                                files=[CHECKPOINT]))
         if is_best:
             best.save({".msgpack": run_dir / CHECKPOINT}, epoch=epoch + 1, stats=stats)
     finish_run(run_dir, metrics=metrics, metric="val_top1")

@@ -34,7 +34,17 @@ import tensorflow as tf
 
 from crossdali.common import script_parsers
 from crossdali.common.metrics import format_test_line, val_stats
-from crossdali.common.runs import BestCheckpoint, StepLog, choose_run_dir, epoch_line, finish_run, label_names, open_metrics
+from crossdali.common.runs import (
+    BestCheckpoint,
+    StepLog,
+    checkpoint_meta,
+    choose_run_dir,
+    epoch_line,
+    finish_run,
+    label_names,
+    open_metrics,
+    write_json,
+)
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
@@ -291,6 +301,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         epoch_var.assign(epoch + 1)
         if manager is not None:
             prefix = Path(manager.save(checkpoint_number=epoch + 1))
+            if runtime.dist.is_main:  # what the last checkpoint is: class names, arch, config, its epoch
+                write_json(run_dir / "checkpoint.json", checkpoint_meta(**best.meta, epoch=epoch + 1, stats=stats,
+                                                                        files=[prefix.name]))
             if not runtime.dist.is_main:
                 shutil.rmtree(manager.directory, ignore_errors=True)
             elif is_best:  # a copy of ckpt-N's files, the index last
