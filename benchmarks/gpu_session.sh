@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
 # Keras ResNet-50 AMP training fed by synthetic data, dali-gpu and native, one row after another.
 # core: every GPU-marked test of the frameworks present, the GPU parity harness (all frameworks,
 # hardware JPEG decoder on and off) and the data checker's speed; pack: everything under OUT in one
-# archive (the device hands back at most 8 files), as OUT/gpu-results.tgz.
+# archive (the device hands back at most 8 files), as OUT/gpu-results.tgz. check: the data checker's
+# GPU verdicts against the CPU's, and its speed on the bench set (chunk sizes 512, default, 16384).
 #
 # Needs DALI importable (on the lent H100: ../shared/gpu/stage-dali, then PYTHONPATH=/tmp/site:$PWD);
 # the tf phase needs TensorFlow too (../shared/gpu/stage-tf, then . /tmp/tfenv.sh).
@@ -16,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -58,8 +59,16 @@ case $phase in
   core2)
     step parity_gpu 150 "$py" -m crossdali.parity gpu --out "$out/parity_gpu"
     step check_speed 120 "$py" -m benchmarks.check_speed --size small --device gpu --out "$out" ;;
+  check)  # the data checker on the GPU: verdicts equal to the CPU's, then its speed (bench set built first)
+    step check_gpu_tests 120 "$py" -m pytest tests/common/test_check_decode.py -m gpu -rA -p no:cacheprovider -q -s
+    step check_speed_bench 240 "$py" -m benchmarks.check_speed --size bench --device gpu --out "$out/check_bench"
+    step check_speed_bench_c512 60 "$py" -m benchmarks.check_speed --size bench --device gpu --chunk 512 \
+      --out "$out/check_bench_c512"
+    step check_speed_bench_c16k 60 "$py" -m benchmarks.check_speed --size bench --device gpu --chunk 16384 \
+      --out "$out/check_bench_c16k"
+    step check_speed_small 60 "$py" -m benchmarks.check_speed --size small --device gpu --out "$out/check_small" ;;
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)
-    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2 or pack)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check or pack)" >&2; exit 2 ;;
 esac

@@ -7,9 +7,11 @@ JSON report and the exclusion list, ``crossdali.common.sources`` and friends int
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,19 +131,21 @@ def _size_problem(info_pixels: int, width: int, height: int, settings: CheckSett
 # --------------------------------------------------------------------------------------------
 
 
-def _inspect_file(path: str) -> tuple[list[int] | None, dict]:
-    try:
-        sig = file_signature(path)
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        return None, ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")]).to_json()
-    return sig, inspect_image(data, extension=os.path.splitext(path)[1]).to_json()
-
-
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def _bounded_map(pool: ThreadPoolExecutor, fn: Callable, items: Sequence, window: int) -> Iterator:
+    """``pool.map(fn, items)`` with at most ``window`` items in flight: ``Executor.map`` submits
+    everything at once, and the full pass would then hold every file of the data set in memory."""
+    it = iter(items)
+    futures = deque(pool.submit(fn, item) for item in itertools.islice(it, window))
+    while futures:
+        result = futures.popleft().result()
+        for item in itertools.islice(it, 1):
+            futures.append(pool.submit(fn, item))
+        yield result
 
 
 def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, settings: CheckSettings,
@@ -149,72 +153,85 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
     """Problems of image files, and the header of each file that has one (for COCO's size check).
 
     ``root``: sample ids are relative to it. ``identity`` names the cache (default: the files' folder).
+    The full pass reads each file once: reader threads inspect it while DALI decodes the files
+    read before it.
     """
     cache = settings.cache(identity or f"files:{os.path.abspath(root or os.path.dirname(files[0]) if files else '')}")
+    full_depth = settings.depth == "full"
     infos: dict[str, ImageInfo] = {}
-    fast: dict[str, list[tuple[str, str]]] = {}
-    known_full: dict[str, list] = {}
+    full: dict[str, list] = {}  # [code, text], or [] when the decoder was happy
+    sigs: dict[str, list[int]] = {}
     todo = []
     for path in files:
         try:
-            sig = file_signature(path)
+            sigs[path] = file_signature(path)
         except OSError as e:
-            infos[path] = ImageInfo()
-            fast[path] = [("unreadable", f"cannot be read ({e.strerror or e})")]
+            infos[path] = ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")])
             settings.tick(1)
             continue
-        entry = cache.get(os.path.abspath(path), sig, depth=settings.depth)
-        if entry is None:
+        entry = cache.get(os.path.abspath(path), sigs[path])
+        if entry is not None and "info" in entry:
+            infos[path] = ImageInfo.from_json(entry["info"])
+            if entry.get("full") is not None:
+                full[path] = entry["full"]
+        if path not in infos or (full_depth and path not in full):
             todo.append(path)
         else:
-            infos[path] = ImageInfo.from_json(entry["info"])
-            fast[path] = infos[path].problems
-            if settings.depth == "fast" and entry.get("full"):  # a full pass found more: still true
-                known_full[path] = entry["full"]
-            settings.tick(1 if settings.depth == "fast" else 0)
-    with ThreadPoolExecutor(max(1, settings.threads)) as pool:
-        for path, (sig, info) in zip(todo, pool.map(_inspect_file, todo)):
-            infos[path] = ImageInfo.from_json(info)
-            fast[path] = infos[path].problems
-            if sig is not None:
-                cache.put(os.path.abspath(path), sig, info=info)
-            if settings.depth == "fast":
-                settings.tick(1)
+            settings.tick(1)
+
+    def refused(path: str) -> bool:
+        info = infos[path]
+        return bool(info.problems) or (bool(info.format) and info.pixels > settings.max_pixels)
+
+    def read_and_inspect(path: str) -> tuple[str, dict | None, bytes | None, bool]:
+        """(path, its header if not cached, its bytes in the full pass, whether it could be read)"""
+        try:
+            data = _read(path)
+        except OSError as e:
+            return path, ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")]).to_json(), None, False
+        info = None if path in infos else inspect_image(data, extension=os.path.splitext(path)[1]).to_json()
+        return path, info, data if full_depth else None, True
+
+    decoded: list[str] = []
+
+    def to_decode() -> Iterator[tuple[str, bytes]]:
+        with ThreadPoolExecutor(max(1, settings.threads)) as pool:
+            window = 4 * max(settings.batch_size, 64) * max(1, settings.threads)
+            for path, info, data, readable in _bounded_map(pool, read_and_inspect, todo, window):
+                if info is not None:
+                    infos[path] = ImageInfo.from_json(info)
+                    if readable:  # an unreadable file is tried again next time (chmod leaves mtime alone)
+                        cache.put(os.path.abspath(path), sigs[path], info=info)
+                if data is None or refused(path):
+                    settings.tick(1)
+                    continue
+                decoded.append(path)
+                yield path, data
+
+    if full_depth:
+        bad = decode_samples(to_decode(), device=settings.device, batch_size=settings.batch_size,
+                             threads=settings.threads, on_batch=settings.tick)
+        for path in decoded:
+            full[path] = list(bad.get(path, ()))
+            cache.put(os.path.abspath(path), sigs[path], full=full[path])
+    else:
+        for _ in to_decode():
+            pass
     problems = []
     for path in files:
         sid = sample_id(path, root)
         info = infos[path]
-        for code, text in fast[path]:
+        for code, text in info.problems:
             problems.append(_problem(sid, path, code, text))
         too_large = _size_problem(info.pixels, info.width, info.height, settings) if info.format else None
         if too_large:
             problems.append(_problem(sid, path, "too-large", too_large))
-        if path in known_full:
-            problems.append(_problem(sid, path, *known_full[path], depth="full"))
-    if settings.depth == "full":
-        refused = {p.path for p in problems if p.severity == "error"}
-        decodable = [p for p in files if p not in refused]
-        full: dict[str, list] = {}
-        need = []
-        for path in decodable:
-            entry = cache.get(os.path.abspath(path), file_signature(path), depth="full")
-            if entry is not None:
-                full[path] = entry["full"]
-                settings.tick(1)
-            else:
-                need.append(path)
-        with ThreadPoolExecutor(max(1, settings.threads)) as pool:
-            bad = decode_samples(zip(need, pool.map(_read, need)), device=settings.device,
-                                 batch_size=settings.batch_size, threads=settings.threads, on_batch=settings.tick)
-        for path in need:
-            full[path] = list(bad.get(path, ()))
-            cache.put(os.path.abspath(path), file_signature(path), full=full[path])
+        if not full_depth and full.get(path):  # a full pass found more: still true
+            problems.append(_problem(sid, path, *full[path], depth="full"))
+    if full_depth:
         for path in files:
             if full.get(path):
-                code, text = full[path]
-                problems.append(_problem(sample_id(path, root), path, code, text, depth="full"))
-        # files refused by the fast pass count as done for the progress bar
-        settings.tick(len(refused))
+                problems.append(_problem(sample_id(path, root), path, *full[path], depth="full"))
     cache.save()
     return problems, infos
 

@@ -1,0 +1,65 @@
+"""The full pass's decoder (``check.decode.decode_samples``): chunks decoded pipelined, a failing or
+warning chunk searched batch by batch, then sample by sample, so the culprit is named exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from crossdali.common.check.decode import CHUNK_SAMPLES, decode_samples
+from tests.conformance.corpus import case_bytes
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_classification):
+    return case_bytes(tiny_classification)
+
+
+def _stream(good: bytes, n: int, bad: dict[int, bytes]) -> list[tuple[str, bytes]]:
+    return [(f"s{i}", bad.get(i, good)) for i in range(n)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_bad_samples_anywhere_in_a_long_stream_are_named(device, corpus):
+    """Two chunks (batch 4): a failing sample in the first, a warning one in the second's last batch,
+    and a short tail; every other sample decodes without a word."""
+    good = corpus["good"][1]
+    chunk = 4 * max(4, -(-CHUNK_SAMPLES[device] // 4))
+    n = chunk + 9
+    bad_at = {5: corpus["no-dqt"][1], chunk + 6: corpus["warning-only"][1]}
+    done: list[int] = []
+    bad = decode_samples(_stream(good, n, bad_at), device=device, batch_size=4, threads=2, on_batch=done.append)
+    assert sum(done) == n
+    assert bad["s5"][0] == "decode-failed"
+    if device == "cpu":  # libjpeg-turbo warns; the GPU decoders may decode the cut data silently
+        assert set(bad) == {"s5", f"s{chunk + 6}"} and bad[f"s{chunk + 6}"][0] == "decoder-warning"
+    else:
+        assert set(bad) <= {"s5", f"s{chunk + 6}"}
+
+
+def test_a_stream_shorter_than_the_pipeline_depth(corpus):
+    """One batch only (the pipelined decoder needs two to start): decoded synchronously, still named."""
+    bad = decode_samples(_stream(corpus["good"][1], 3, {1: corpus["no-dqt"][1]}), batch_size=4, threads=1)
+    assert list(bad) == ["s1"] and bad["s1"][0] == "decode-failed"
+    assert decode_samples([], batch_size=4) == {}
+
+
+@pytest.mark.gpu
+def test_full_check_on_the_gpu_reaches_the_cpu_verdicts(corpus, tiny_classification, tmp_path, monkeypatch):
+    """Every corpus case in one folder: the GPU full pass refuses what the CPU full pass refuses,
+    except decoder warnings, which only libjpeg-turbo (CPU) prints."""
+    from crossdali.common.check import check_data
+    from tests.conformance.corpus import image_folder
+
+    monkeypatch.setenv("CROSSDALI_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "data"
+    for case in sorted(corpus):
+        image_folder(root, tiny_classification, *corpus[case])
+    verdicts = {}
+    for device in ("cpu", "gpu"):
+        monkeypatch.setenv("CROSSDALI_CACHE", str(tmp_path / f"cache-{device}"))
+        report = check_data(root, depth="full", device=device)
+        verdicts[device] = {p.path.rsplit("/", 1)[-1]: p.code for p in report.errors}
+    print(verdicts)
+    cpu, gpu = verdicts["cpu"], verdicts["gpu"]
+    assert {k: v for k, v in cpu.items() if v != "decoder-warning"} == {k: v for k, v in gpu.items()
+                                                                        if v != "decoder-warning"}
