@@ -33,6 +33,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-j", "--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("-b", "--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per pass (the best is kept)")
+    parser.add_argument("--processes", type=int, default=None,
+                        help="header-inspecting processes (default: the checker's choice for this machine)")
     parser.add_argument("--chunk", type=int, default=None,
                         help="samples per pipelined decode chunk (default: the checker's, per device)")
     parser.add_argument("--smoke", action="store_true", help="tiny set, one repeat (CI)")
@@ -93,7 +95,7 @@ def main(args: argparse.Namespace) -> dict:
     rows = {}
     for depth in ("fast", "full"):
         settings = CheckSettings(depth=depth, device=args.device, threads=args.workers, batch_size=args.batch_size,
-                                 use_cache=False)
+                                 use_cache=False, processes=args.processes)
         seconds = _timed(lambda s=settings: check_image_files(files, root=args.data, settings=s), args.repeats)
         rows[f"check {depth}"] = len(files) / seconds
     loader = [loader_decode_rate(files, device=args.device, workers=args.workers, batch_size=args.batch_size)
@@ -106,6 +108,7 @@ def main(args: argparse.Namespace) -> dict:
         "workers": args.workers, "batch_size": args.batch_size, "machine": platform.node(),
         "cpu_count": os.cpu_count(), "files_per_s": {k: round(v, 1) for k, v in rows.items()},
         "chunk_samples": decode_chunk(args.device),
+        "inspect_processes": settings.inspect_processes(len(files)),
         "full_pass_vs_loader": round(rows["check full"] / rows["loader decode"], 3),
         "full_pass_vs_loader_epoch": round(rows["check full"] / rows["loader epoch incl. build"], 3),
     }

@@ -9,7 +9,7 @@
 # core: every GPU-marked test of the frameworks present, the GPU parity harness (all frameworks,
 # hardware JPEG decoder on and off) and the data checker's speed; pack: everything under OUT in one
 # archive (the device hands back at most 8 files), as OUT/gpu-results.tgz. check: the data checker's
-# GPU verdicts against the CPU's, and its speed on the bench set (chunk sizes 512, default, 16384).
+# GPU verdicts against the CPU's, and its speed on the bench set (header processes: default, 0, 14).
 #
 # Needs DALI importable (on the lent H100: ../shared/gpu/stage-dali, then PYTHONPATH=/tmp/site:$PWD);
 # the tf phase needs TensorFlow too (../shared/gpu/stage-tf, then . /tmp/tfenv.sh).
@@ -62,10 +62,10 @@ case $phase in
   check)  # the data checker on the GPU: verdicts equal to the CPU's, then its speed (bench set built first)
     step check_gpu_tests 120 "$py" -m pytest tests/common/test_check_decode.py -m gpu -rA -p no:cacheprovider -q -s
     step check_speed_bench 240 "$py" -m benchmarks.check_speed --size bench --device gpu --out "$out/check_bench"
-    step check_speed_bench_c512 60 "$py" -m benchmarks.check_speed --size bench --device gpu --chunk 512 \
-      --out "$out/check_bench_c512"
-    step check_speed_bench_c16k 60 "$py" -m benchmarks.check_speed --size bench --device gpu --chunk 16384 \
-      --out "$out/check_bench_c16k"
+    step check_speed_bench_p0 60 "$py" -m benchmarks.check_speed --size bench --device gpu --processes 0 \
+      --out "$out/check_bench_p0"
+    step check_speed_bench_p14 60 "$py" -m benchmarks.check_speed --size bench --device gpu --processes 14 \
+      --out "$out/check_bench_p14"
     step check_speed_small 60 "$py" -m benchmarks.check_speed --size small --device gpu --out "$out/check_small" ;;
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from crossdali.common.check.decode import CHUNK_SAMPLES, decode_samples
-from tests.conformance.corpus import case_bytes
+from tests.conformance.corpus import EXPECTED, FULL_ONLY, case_bytes
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,29 @@ def test_full_check_on_the_gpu_reaches_the_cpu_verdicts(corpus, tiny_classificat
     cpu, gpu = verdicts["cpu"], verdicts["gpu"]
     assert {k: v for k, v in cpu.items() if v != "decoder-warning"} == {k: v for k, v in gpu.items()
                                                                         if v != "decoder-warning"}
+
+
+@pytest.mark.parametrize("depth", ["fast", "full"])
+def test_headers_inspected_in_processes_give_the_same_report(depth, corpus, tiny_classification, tmp_path):
+    """``processes`` (on by default on many cores and many files) changes where headers are read,
+    not what is found: every corpus case, the same problems, headers and progress count."""
+    from crossdali.common.check.core import CheckSettings, check_image_files
+    from crossdali.common.sources import scan_image_folder
+    from tests.conformance.corpus import image_folder
+
+    root = tmp_path / "data"
+    for case in sorted(corpus):
+        image_folder(root, tiny_classification, *corpus[case])
+    files = list(scan_image_folder(root / "val", validate=False).files)
+    reports = []
+    for processes in (0, 2):
+        ticks: list[int] = []
+        settings = CheckSettings(depth=depth, threads=2, batch_size=4, use_cache=False, processes=processes,
+                                 progress=ticks.append)
+        problems, infos = check_image_files(files, root=root / "val", settings=settings)
+        assert sum(ticks) == len(files)
+        reports.append(([p.to_json() for p in problems], {k: v.to_json() for k, v in infos.items()}))
+    assert reports[0] == reports[1]
+    refused = {p["path"].rsplit("/", 1)[-1] for p in reports[0][0] if p["severity"] == "error"}
+    assert refused == {corpus[c][0] for c, verdict in EXPECTED.items()
+                       if verdict != "accept" and (depth == "full" or c not in FULL_ONLY)}

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from crossdali.common.check.images import DEFAULT_MAX_PIXELS
+from crossdali.common.train_args import non_negative_int
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -31,6 +32,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--clip-len", type=int, default=8, help="video: frames per clip (shorter files are bad)")
     parser.add_argument("--frame-stride", type=int, default=1, help="video: stride between a clip's frames")
     parser.add_argument("-j", "--workers", type=int, default=4, help="reader threads and DALI threads")
+    parser.add_argument("--processes", type=non_negative_int, default=None,
+                        help="processes reading image headers (default: half the cores for 4,096 files or more on "
+                             "more than 4 cores, else none: threads only)")
     parser.add_argument("-b", "--batch-size", type=int, default=32, help="samples per DALI batch in the full pass")
     parser.add_argument("--output-dir", "--out", type=Path, default=Path("check"),
                         help="where report.json and exclude.txt go (default: ./check)")
@@ -48,7 +52,8 @@ def main(args: argparse.Namespace) -> int:
     report = check_data(args.data, depth=args.depth, device=args.device, max_pixels=args.max_pixels, splits=args.splits,
                         threads=args.workers, batch_size=args.batch_size, cache_dir=args.cache_dir,
                         use_cache=not args.no_cache, progress=not args.no_progress,
-                        transform=ClipTransform(sequence_length=args.clip_len, stride=args.frame_stride))
+                        transform=ClipTransform(sequence_length=args.clip_len, stride=args.frame_stride),
+                        processes=args.processes)
     report_path, exclude_path = report.write(args.output_dir)
     for s in report.splits:
         print(f"{s.kind:14s} {s.format:11s} {s.split:6s} {s.num_samples:7d} samples  {len(s.errors):5d} bad  "

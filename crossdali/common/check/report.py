@@ -263,11 +263,13 @@ def _count(source) -> int:
 def check_data(data: str | os.PathLike, *, depth: str = "fast", device: str = "auto", max_pixels: int | None = None,
                splits: Iterable[str] | None = None, threads: int = 4, batch_size: int = 32,
                cache_dir: str | None = None, use_cache: bool = True, progress: bool = False,
-               transform=None) -> Report:
-    """Check every split and format found under ``data`` (see ``discover``); returns the ``Report``."""
+               transform=None, processes: int | None = None) -> Report:
+    """Check every split and format found under ``data`` (see ``discover``); returns the ``Report``.
+    ``processes``: header-inspecting processes for image files (``None``: ``CheckSettings``' default)."""
     device = resolve_device(device)
     settings = CheckSettings(depth=depth, device=device, threads=threads, batch_size=batch_size, cache_dir=cache_dir,
-                             use_cache=use_cache, **({"max_pixels": max_pixels} if max_pixels else {}))
+                             use_cache=use_cache, processes=processes,
+                             **({"max_pixels": max_pixels} if max_pixels else {}))
     targets = [t for t in discover(data) if splits is None or t.split in set(splits)]
     if not targets:
         raise DataError(f"found no dataset under {data}: expected an ImageFolder (train/<class>/...), TFRecord or "
