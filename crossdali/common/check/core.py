@@ -242,7 +242,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         chunks = [todo[i:i + 256] for i in range(0, len(todo), 256)]
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(method)) as pool:
-            for chunk, results in zip(chunks, _bounded_map(pool, _inspect_many, chunks, 4 * processes)):
+            for chunk, results in zip(chunks, _bounded_map(pool, _inspect_many, chunks, 2 * processes)):
                 datas = _bounded_map(threads, _read_or_none, chunk, window) if full_depth else itertools.repeat(None)
                 for path, (info, readable), data in zip(chunk, results, datas):
                     yield path, info, data, readable

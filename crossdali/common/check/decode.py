@@ -19,7 +19,6 @@ import os
 import re
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -140,36 +139,13 @@ class _PipelinedDecoder(_Decoder):
         super().__init__(device=device, batch_size=batch_size, threads=threads)
         self.depth = depth
         self.primed = False
-        self._building: threading.Thread | None = None
-        self._build_error: BaseException | None = None
 
     def _pipeline_kwargs(self) -> dict:
         return {"prefetch_queue_depth": self.depth}
 
-    def prepare(self) -> None:
-        """Build the pipeline in the background while the caller gathers the first chunk: the
-        GPU decoder's build took 1.75 s on the H100 (plus CUDA's start in a new process), longer
-        than decoding the 8,195 files of the bench set."""
-        if self.pipe is None and self._building is None:
-            self._building = threading.Thread(target=self._build_in_background, name="check-decoder-build",
-                                              daemon=True)
-            self._building.start()
-
-    def _build_in_background(self) -> None:
-        try:
-            self._build()
-        except BaseException as e:  # raised again in the caller's thread by run_chunk
-            self._build_error = e
-
     def run_chunk(self, batches: list[list[np.ndarray]]) -> tuple[str | None, list[str]] | None:
         """(DALI's error or None, captured stderr lines) for the batches of one chunk; ``None`` when
         the chunk is too short to start the pipeline (its first run needs ``depth`` batches)."""
-        if self._building is not None:
-            self._building.join()
-            self._building = None
-            if self._build_error is not None:
-                error, self._build_error = self._build_error, None
-                raise error
         if self.pipe is None:
             self._build()
             self.primed = False
@@ -201,7 +177,7 @@ class _PipelinedDecoder(_Decoder):
             except RuntimeError as e:
                 error = str(e)
         if error is not None:
-            self.pipe, self.primed = None, False
+            self.pipe = None
         return error, lines
 
 
@@ -247,8 +223,6 @@ def decode_samples(samples: Iterable[tuple[str, bytes]], *, device: str = "cpu",
     for key, data in samples:
         keys.append(key)
         arrays.append(np.frombuffer(data, dtype=np.uint8))
-        if len(keys) == fast.depth * batch_size:  # enough for the pipelined decoder to be worth building
-            fast.prepare()
         if len(keys) == chunk:
             flush(keys, arrays)
             keys, arrays = [], []
