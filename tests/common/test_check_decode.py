@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from crossdali.common.check.decode import CHUNK_SAMPLES, decode_samples
+from crossdali.common.check.decode import CHUNK_SAMPLES, decode_files, decode_samples
 from tests.conformance.corpus import EXPECTED, FULL_ONLY, case_bytes
 
 
@@ -34,6 +34,30 @@ def test_bad_samples_anywhere_in_a_long_stream_are_named(device, corpus):
         assert set(bad) == {"s5", f"s{chunk + 6}"} and bad[f"s{chunk + 6}"][0] == "decoder-warning"
     else:
         assert set(bad) <= {"s5", f"s{chunk + 6}"}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_files_read_by_dali_bad_ones_named_wherever_they_are(device, corpus, tmp_path):
+    """DALI's reader over two chunks and a tail (batch 4): a failure in the first chunk (a new
+    reader starts after it), a warning on the first sample after a chunk boundary (DALI may decode
+    it ahead, during the previous chunk: timing decides, so this cannot force that case) and in the
+    last, short batch; nothing else named, every file counted."""
+    chunk = 4 * max(4, -(-CHUNK_SAMPLES[device] // 4))
+    n = 2 * chunk + 3
+    special = {5: corpus["no-dqt"][1], chunk: corpus["warning-only"][1], n - 1: corpus["warning-only"][1],
+               n - 2: corpus["no-dqt"][1]}
+    paths = []
+    for i in range(n):
+        path = tmp_path / f"{i:05d}.jpg"
+        path.write_bytes(special.get(i, corpus["good"][1]))
+        paths.append(str(path))
+    done: list[int] = []
+    bad = decode_files(paths, device=device, batch_size=4, threads=2, on_batch=done.append)
+    assert sum(done) == n
+    assert {k: v[0] for k, v in bad.items() if v[0] == "decode-failed"} == {paths[5]: "decode-failed",
+                                                                             paths[n - 2]: "decode-failed"}
+    if device == "cpu":  # libjpeg-turbo warns; the GPU decoders may decode the cut data silently
+        assert set(bad) == {paths[i] for i in special}
 
 
 def test_a_stream_shorter_than_the_pipeline_depth(corpus):

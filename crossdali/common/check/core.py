@@ -19,7 +19,7 @@ from pathlib import Path
 
 from crossdali.common.check import records as rec_io
 from crossdali.common.check.cache import CheckCache, file_signature
-from crossdali.common.check.decode import decode_samples, gpu_available
+from crossdali.common.check.decode import decode_files, decode_samples, gpu_available
 from crossdali.common.check.images import DEFAULT_MAX_PIXELS, ImageInfo, inspect_image
 
 __all__ = ["CheckSettings", "Problem", "check_image_files", "check_record_files", "sample_id", "problems_error",
@@ -158,16 +158,15 @@ def _read_and_inspect(path: str) -> tuple[dict, bytes | None]:
     return inspect_image(data, extension=os.path.splitext(path)[1]).to_json(), data
 
 
-def _read_or_none(path: str) -> bytes | None:
-    try:
-        return _read(path)
-    except OSError:
-        return None
+def _inspect_one(path: str) -> tuple[dict, bool]:
+    """(the file's header as JSON, whether it could be read)"""
+    info, data = _read_and_inspect(path)
+    return info, data is not None
 
 
 def _inspect_many(paths: list[str]) -> list[tuple[dict, bool]]:
-    """In a worker process: (header as JSON, readable) of each file; the bytes stay there."""
-    return [(info, data is not None) for info, data in map(_read_and_inspect, paths)]
+    """In a worker process: :func:`_inspect_one` of each file."""
+    return [_inspect_one(path) for path in paths]
 
 
 def _bounded_map(pool: Executor, fn: Callable, items: Iterable, window: int) -> Iterator:
@@ -187,9 +186,9 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
     """Problems of image files, and the header of each file that has one (for COCO's size check).
 
     ``root``: sample ids are relative to it. ``identity`` names the cache (default: the files' folder).
-    The full pass reads each file once: reader threads inspect it while DALI decodes the files
-    read before it. With ``settings.processes`` (by default on many cores and many files) worker
-    processes inspect the headers instead, and the threads only read the bytes for DALI.
+    Headers first (threads, or worker processes with ``settings.processes``, by default on many
+    cores and many files), then in the full pass DALI's file reader and decoder over every file
+    the headers did not refuse, as the loader reads them (``check.decode.decode_files``).
     """
     cache = settings.cache(identity or f"files:{os.path.abspath(root or os.path.dirname(files[0]) if files else '')}")
     full_depth = settings.depth == "full"
@@ -218,60 +217,37 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         info = infos[path]
         return bool(info.problems) or (bool(info.format) and info.pixels > settings.max_pixels)
 
-    def read_and_inspect(path: str) -> tuple[str, dict | None, bytes | None, bool]:
-        """(path, its header if not cached, its bytes in the full pass, whether it could be read)"""
-        if path in infos:  # header cached, bytes wanted by the full pass
-            try:
-                return path, None, _read(path), True
-            except OSError as e:
-                return path, ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")]).to_json(), \
-                    None, False
-        info, data = _read_and_inspect(path)
-        return path, info, data if full_depth else None, data is not None
-
-    def inspected(threads: ThreadPoolExecutor) -> Iterator[tuple[str, dict | None, bytes | None, bool]]:
-        window = 4 * max(settings.batch_size, 64) * max(1, settings.threads)
-        processes = settings.inspect_processes(len(todo))
+    def inspected(need: list[str]) -> Iterator[tuple[dict, bool]]:
+        """(header as JSON, readable) of each file of ``need``, in order."""
+        processes = settings.inspect_processes(len(need))
         if not processes:
-            yield from _bounded_map(threads, read_and_inspect, todo, window)
+            with ThreadPoolExecutor(max(1, settings.threads)) as threads:
+                window = 4 * max(settings.batch_size, 64) * max(1, settings.threads)
+                yield from _bounded_map(threads, _inspect_one, need, window)
             return
-        # headers in worker processes, a chunk each; the bytes for the decoder are read again here,
-        # from the page cache, in this thread: on the H100 machine 16 reader threads fed DALI at
-        # about 3,500 files/s (the GIL passed between them and this loop), this thread alone far
-        # faster. Forked (a spawned worker re-runs a user script that lacks the
-        # `if __name__ == "__main__"` guard): the pool starts before this call builds its decoder,
-        # and the fork hook of crossdali.common.fork_safety keeps dead pipelines out of the children.
-        chunks = [todo[i:i + 256] for i in range(0, len(todo), 256)]
+        # In worker processes, a chunk each. Forked (a spawned worker re-runs a user script that
+        # lacks the `if __name__ == "__main__"` guard): the pool starts before this call builds its
+        # decoder, and crossdali.common.fork_safety keeps dead pipelines out of the children.
+        chunks = [need[i:i + 256] for i in range(0, len(need), 256)]
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(method)) as pool:
-            for chunk, results in zip(chunks, _bounded_map(pool, _inspect_many, chunks, 2 * processes)):
-                for path, (info, readable) in zip(chunk, results):
-                    yield path, info, _read_or_none(path) if full_depth and readable else None, readable
+            for results in _bounded_map(pool, _inspect_many, chunks, 4 * processes):
+                yield from results
 
-    decoded: list[str] = []
-
-    def to_decode() -> Iterator[tuple[str, bytes]]:
-        with ThreadPoolExecutor(max(1, settings.threads)) as threads:
-            for path, info, data, readable in inspected(threads):
-                if info is not None:
-                    infos[path] = ImageInfo.from_json(info)
-                    if readable:  # an unreadable file is tried again next time (chmod leaves mtime alone)
-                        cache.put(os.path.abspath(path), sigs[path], info=info)
-                if data is None or refused(path):
-                    settings.tick(1)
-                    continue
-                decoded.append(path)
-                yield path, data
-
+    need = [p for p in todo if p not in infos]
+    for path, (info, readable) in zip(need, inspected(need)):
+        infos[path] = ImageInfo.from_json(info)
+        if readable:  # an unreadable file is tried again next time (chmod leaves mtime alone)
+            cache.put(os.path.abspath(path), sigs[path], info=info)
+        if not full_depth or refused(path):
+            settings.tick(1)
     if full_depth:
-        bad = decode_samples(to_decode(), device=settings.device, batch_size=settings.batch_size,
-                             threads=settings.threads, on_batch=settings.tick)
+        decoded = [p for p in todo if not refused(p)]
+        bad = decode_files(decoded, device=settings.device, batch_size=settings.batch_size,
+                           threads=settings.threads, on_batch=settings.tick)
         for path in decoded:
             full[path] = list(bad.get(path, ()))
             cache.put(os.path.abspath(path), sigs[path], full=full[path])
-    else:
-        for _ in to_decode():
-            pass
     problems = []
     for path in files:
         sid = sample_id(path, root)
