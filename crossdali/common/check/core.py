@@ -186,9 +186,9 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
     """Problems of image files, and the header of each file that has one (for COCO's size check).
 
     ``root``: sample ids are relative to it. ``identity`` names the cache (default: the files' folder).
-    Headers first (threads, or worker processes with ``settings.processes``, by default on many
-    cores and many files), then in the full pass DALI's file reader and decoder over every file
-    the headers did not refuse, as the loader reads them (``check.decode.decode_files``).
+    Headers are read by threads, or by worker processes with ``settings.processes`` (by default
+    on many cores and many files); in the full pass each file whose header passed goes on to DALI,
+    which reads and decodes it (``check.decode.decode_files``) while later headers are read.
     """
     cache = settings.cache(identity or f"files:{os.path.abspath(root or os.path.dirname(files[0]) if files else '')}")
     full_depth = settings.depth == "full"
@@ -234,20 +234,32 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
             for results in _bounded_map(pool, _inspect_many, chunks, 4 * processes):
                 yield from results
 
-    need = [p for p in todo if p not in infos]
-    for path, (info, readable) in zip(need, inspected(need)):
-        infos[path] = ImageInfo.from_json(info)
-        if readable:  # an unreadable file is tried again next time (chmod leaves mtime alone)
-            cache.put(os.path.abspath(path), sigs[path], info=info)
-        if not full_depth or refused(path):
-            settings.tick(1)
-    if full_depth:
-        decoded = [p for p in todo if not refused(p)]
-        bad = decode_files(decoded, device=settings.device, batch_size=settings.batch_size,
+    decoded: list[str] = []
+
+    def to_decode() -> Iterator[str]:
+        """Each file of ``todo`` as its header arrives: the refused ones counted, the rest yielded."""
+        headers = inspected([p for p in todo if p not in infos])  # in the order of todo
+        for path in todo:
+            if path not in infos:
+                info, readable = next(headers)
+                infos[path] = ImageInfo.from_json(info)
+                if readable:  # an unreadable file is tried again next time (chmod leaves mtime alone)
+                    cache.put(os.path.abspath(path), sigs[path], info=info)
+            if not full_depth or refused(path):
+                settings.tick(1)
+            else:
+                decoded.append(path)
+                yield path
+
+    if full_depth:  # DALI decodes the first files while later headers are still being read
+        bad = decode_files(to_decode(), device=settings.device, batch_size=settings.batch_size,
                            threads=settings.threads, on_batch=settings.tick)
         for path in decoded:
             full[path] = list(bad.get(path, ()))
             cache.put(os.path.abspath(path), sigs[path], full=full[path])
+    else:
+        for _ in to_decode():
+            pass
     problems = []
     for path in files:
         sid = sample_id(path, root)

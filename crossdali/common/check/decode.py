@@ -2,9 +2,10 @@
 
 DALI stops on an image it cannot decode (the pipeline is then unusable) and only prints a line on
 stderr for a JPEG with corrupt data (libjpeg-turbo's "Corrupt JPEG data: premature end of data
-segment", measured with DALI 2.4), then trains on the damaged pixels. So samples are fed through
-``external_source`` into ``fn.decoders.image`` (``mixed`` on a GPU, where training decodes there)
-in chunks of a few hundred: the batches of a chunk run pipelined (several in flight, as in a
+segment", measured with DALI 2.4), then trains on the damaged pixels. So samples (or, for image
+files, their names, read by ``fn.io.file.read``) are fed through ``external_source`` into
+``fn.decoders.image`` (``mixed`` on a GPU, where training decodes there) in chunks (``CHUNK_SAMPLES``):
+the batches of a chunk run pipelined (several in flight, as in a
 loader), file descriptor 2 is captured around the chunk, and the pipeline is drained before the
 next one. A chunk that fails or prints anything is decoded again one batch at a time, and a batch
 that does so one sample at a time, to name the culprit. No pixels of a sample over the size limit
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-__all__ = ["NVIMGCODEC_STATUS", "capture_stderr", "decode_samples", "describe_dali_error", "gpu_available"]
+__all__ = ["NVIMGCODEC_STATUS", "capture_stderr", "decode_files", "decode_samples", "describe_dali_error", "gpu_available"]
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,8 @@ def describe_dali_error(error: BaseException | str) -> str:
 class _Decoder:
     """One batch at a time, nothing in flight: slow, but a failure or a warning belongs to the batch."""
 
-    def __init__(self, *, device: str, batch_size: int, threads: int) -> None:
-        self.device, self.batch_size, self.threads = device, batch_size, threads
+    def __init__(self, *, device: str, batch_size: int, threads: int, source: str = "bytes") -> None:
+        self.device, self.batch_size, self.threads, self.source = device, batch_size, threads, source
         self.pipe = None
 
     def _pipeline_kwargs(self) -> dict:
@@ -107,6 +108,8 @@ class _Decoder:
                       **self._pipeline_kwargs())
         def decode():
             encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+            if self.source == "paths":  # UTF-8 file names in, read by DALI's threads
+                encoded = fn.io.file.read(encoded)
             return fn.decoders.image(encoded, device="mixed" if gpu else "cpu", output_type=types.RGB)
 
         self.pipe = decode()
@@ -135,8 +138,8 @@ class _PipelinedDecoder(_Decoder):
     loader; a loader keeps ``prefetch_queue_depth`` batches in flight, so this does too.
     """
 
-    def __init__(self, *, device: str, batch_size: int, threads: int, depth: int = 2) -> None:
-        super().__init__(device=device, batch_size=batch_size, threads=threads)
+    def __init__(self, *, device: str, batch_size: int, threads: int, source: str = "bytes", depth: int = 2) -> None:
+        super().__init__(device=device, batch_size=batch_size, threads=threads, source=source)
         self.depth = depth
         self.primed = False
 
@@ -194,8 +197,24 @@ def decode_samples(samples: Iterable[tuple[str, bytes]], *, device: str = "cpu",
 
     ``samples`` is consumed lazily, a chunk at a time, so it may read files as it goes.
     """
-    fast = _PipelinedDecoder(device=device, batch_size=batch_size, threads=threads)
-    slow = _Decoder(device=device, batch_size=batch_size, threads=threads)
+    return _decode_stream(samples, source="bytes", device=device, batch_size=batch_size, threads=threads,
+                          on_batch=on_batch)
+
+
+def decode_files(paths: Iterable[str], *, device: str = "cpu", batch_size: int = 32, threads: int = 2,
+                 on_batch: Callable[[int], None] | None = None) -> dict[str, tuple[str, str]]:
+    """:func:`decode_samples` for image files, keyed by path: only the names pass through Python,
+    DALI's threads read the files (``fn.io.file.read``). Reading the bytes in Python and feeding
+    them held the GIL: the full pass ran at a fifth of the loader's rate on the H100. ``paths`` is
+    consumed lazily, so the caller may still be inspecting headers of later files."""
+    return _decode_stream(((path, os.fsencode(path)) for path in paths), source="paths", device=device,
+                          batch_size=batch_size, threads=threads, on_batch=on_batch)
+
+
+def _decode_stream(samples: Iterable[tuple[str, bytes]], *, source: str, device: str, batch_size: int, threads: int,
+                   on_batch: Callable[[int], None] | None) -> dict[str, tuple[str, str]]:
+    fast = _PipelinedDecoder(device=device, batch_size=batch_size, threads=threads, source=source)
+    slow = _Decoder(device=device, batch_size=batch_size, threads=threads, source=source)
     bad: dict[str, tuple[str, str]] = {}
 
     def one_by_one(keys: list[str], arrays: list[np.ndarray], error: str | None, lines: list[str]) -> None:
@@ -230,87 +249,3 @@ def decode_samples(samples: Iterable[tuple[str, bytes]], *, device: str = "cpu",
         flush(keys, arrays)
     return bad
 
-
-def _read_bytes(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def decode_files(paths: list[str], *, device: str = "cpu", batch_size: int = 32, threads: int = 2,
-                 on_batch: Callable[[int], None] | None = None) -> dict[str, tuple[str, str]]:
-    """:func:`decode_samples` for image files, read by DALI's own file reader as the loader reads
-    them, so the full pass decodes at the loader's rate: feeding bytes from Python ran at a fifth
-    of it on the H100 (the loop that reads files and feeds DALI holds the GIL).
-
-    Batches run pipelined (``prefetch_queue_depth`` 2) in chunks of ``CHUNK_SAMPLES``, stderr
-    captured per chunk. Decoding runs ahead of the outputs, so a warning seen during chunk ``c``
-    may come from its batches or from the next ``depth``; those are decoded again one by one
-    (:func:`decode_samples`). A failure kills the pipeline: the batches from the failing output on
-    are decoded one by one up to the read-ahead, and a new reader starts after them.
-    """
-    bad: dict[str, tuple[str, str]] = {}
-    depth = 2
-    chunk_batches = max(2 * depth, -(-CHUNK_SAMPLES[device] // batch_size))
-    batches = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
-
-    def one_by_one(first: int, last: int) -> None:
-        """Batches [first, last) again, through decode_samples (batch then sample)."""
-        keys = [p for b in batches[first:last] for p in b]
-        samples = []
-        for key in keys:
-            data = _read_bytes(key)
-            if data is None:
-                bad[key] = ("unreadable", "could not be read during the full pass")
-            else:
-                samples.append((key, data))
-        bad.update(decode_samples(samples, device=device, batch_size=batch_size, threads=threads))
-
-    start = 0  # first batch the current reader covers
-    done = 0  # batches reported to on_batch
-    while start < len(batches):
-        pipe = _file_reader_pipeline([p for b in batches[start:] for p in b], device=device,
-                                     batch_size=batch_size, threads=threads, depth=depth)
-        b = start
-        failed = False
-        while b < len(batches) and not failed:
-            first, end = b, min(b + chunk_batches, len(batches))
-            with capture_stderr() as lines:
-                try:
-                    for i in range(first, end):
-                        pipe.run()
-                        b = i + 1
-                except RuntimeError:
-                    failed = True
-            if failed:  # output b failed: it or one decoding ahead of it; warnings before it, from [first, b)
-                suspect_end = min(b + depth + 1, len(batches))
-                one_by_one(first if lines else b, suspect_end)
-                b = suspect_end
-            elif lines:
-                one_by_one(first, min(end + depth, len(batches)))
-            if on_batch is not None:
-                n = sum(len(x) for x in batches[done:b])
-                if n:
-                    on_batch(n)
-                done = b
-        del pipe
-        start = b
-    return bad
-
-
-def _file_reader_pipeline(files: list[str], *, device: str, batch_size: int, threads: int, depth: int):
-    from nvidia.dali import fn, pipeline_def, types
-
-    gpu = device == "gpu"
-
-    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None,
-                  prefetch_queue_depth=depth)
-    def decode():
-        encoded, _ = fn.readers.file(files=files, random_shuffle=False, pad_last_batch=True, name="Reader")
-        return fn.decoders.image(encoded, device="mixed" if gpu else "cpu", output_type=types.RGB)
-
-    pipe = decode()
-    pipe.build()
-    return pipe
