@@ -9,7 +9,7 @@
 # core: every GPU-marked test of the frameworks present, the GPU parity harness (all frameworks,
 # hardware JPEG decoder on and off) and the data checker's speed; pack: everything under OUT in one
 # archive (the device hands back at most 8 files), as OUT/gpu-results.tgz. check: the data checker's
-# GPU verdicts against the CPU's, and its speed on the bench set (header processes: default, 0, 14).
+# GPU verdicts against the CPU's, and its speed on the bench set (header processes by default and none; batch 64 and 256).
 #
 # Needs DALI importable (on the lent H100: ../shared/gpu/stage-dali, then PYTHONPATH=/tmp/site:$PWD);
 # the tf phase needs TensorFlow too (../shared/gpu/stage-tf, then . /tmp/tfenv.sh).
@@ -64,8 +64,8 @@ case $phase in
     step check_speed_bench 240 "$py" -m benchmarks.check_speed --size bench --device gpu --out "$out/check_bench"
     step check_speed_bench_p0 60 "$py" -m benchmarks.check_speed --size bench --device gpu --processes 0 \
       --out "$out/check_bench_p0"
-    step check_speed_bench_p14 60 "$py" -m benchmarks.check_speed --size bench --device gpu --processes 14 \
-      --out "$out/check_bench_p14"
+    step check_speed_bench_b256 60 "$py" -m benchmarks.check_speed --size bench --device gpu -b 256 \
+      --out "$out/check_bench_b256"
     step check_speed_small 60 "$py" -m benchmarks.check_speed --size small --device gpu --out "$out/check_small" ;;
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
