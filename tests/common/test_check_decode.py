@@ -38,10 +38,9 @@ def test_bad_samples_anywhere_in_a_long_stream_are_named(device, corpus):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_files_read_by_dali_bad_ones_named_wherever_they_are(device, corpus, tmp_path):
-    """DALI's reader over two chunks and a tail (batch 4): a failure in the first chunk (a new
-    reader starts after it), a warning on the first sample after a chunk boundary (DALI may decode
-    it ahead, during the previous chunk: timing decides, so this cannot force that case) and in the
-    last, short batch; nothing else named, every file counted."""
+    """File names through DALI (fn.io.file.read) over two chunks and a tail (batch 4): a failure in
+    the first chunk (the pipeline is rebuilt after it), a warning on the first sample of the second
+    chunk and in the last, short batch; nothing else named, every file counted."""
     chunk = 4 * max(4, -(-CHUNK_SAMPLES[device] // 4))
     n = 2 * chunk + 3
     special = {5: corpus["no-dqt"][1], chunk: corpus["warning-only"][1], n - 1: corpus["warning-only"][1],

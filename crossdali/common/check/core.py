@@ -149,19 +149,13 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _read_and_inspect(path: str) -> tuple[dict, bytes | None]:
-    """(the file's header as JSON, its bytes; ``None`` when it cannot be read)"""
+def _inspect_one(path: str) -> tuple[dict, bool]:
+    """(the file's header as JSON, whether it could be read)"""
     try:
         data = _read(path)
     except OSError as e:
-        return ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")]).to_json(), None
-    return inspect_image(data, extension=os.path.splitext(path)[1]).to_json(), data
-
-
-def _inspect_one(path: str) -> tuple[dict, bool]:
-    """(the file's header as JSON, whether it could be read)"""
-    info, data = _read_and_inspect(path)
-    return info, data is not None
+        return ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")]).to_json(), False
+    return inspect_image(data, extension=os.path.splitext(path)[1]).to_json(), True
 
 
 def _inspect_many(paths: list[str]) -> list[tuple[dict, bool]]:
