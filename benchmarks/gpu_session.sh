@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|formats|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|formats|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -59,16 +59,27 @@ case $phase in
   core2)
     step parity_gpu 150 "$py" -m crossdali.parity gpu --out "$out/parity_gpu"
     step check_speed 120 "$py" -m benchmarks.check_speed --size small --device gpu --out "$out" ;;
-  check)  # the data checker on the GPU: verdicts equal to the CPU's, then its speed (bench set built first)
+  check)  # the data checker on the GPU: verdicts equal to the CPU's, then its speed (bench set built first),
+    # with DALI's decoder defaults and with every JPEG on the hardware decoder (crossdali's loaders' setting),
+    # on the bench set and on 8 symbolic-link copies of it (65,560 files: the decoder build amortised)
     step check_gpu_tests 120 "$py" -m pytest tests/common/test_check_decode.py -m gpu -rA -p no:cacheprovider -q -s
-    step check_speed_bench 240 "$py" -m benchmarks.check_speed --size bench --device gpu --out "$out/check_bench"
-    step check_speed_bench_p0 60 "$py" -m benchmarks.check_speed --size bench --device gpu --processes 0 \
-      --out "$out/check_bench_p0"
-    step check_speed_bench_b256 60 "$py" -m benchmarks.check_speed --size bench --device gpu -b 256 \
-      --out "$out/check_bench_b256"
-    step check_speed_small 60 "$py" -m benchmarks.check_speed --size small --device gpu --out "$out/check_small" ;;
+    step check_speed_bench 240 "$py" -m benchmarks.check_speed --size bench --device gpu --repeats 3 \
+      --out "$out/check_bench"
+    step check_speed_bench_hw1 90 "$py" -m benchmarks.check_speed --size bench --device gpu --repeats 3 \
+      --hw-decoder-load 1 --out "$out/check_bench_hw1"
+    step check_speed_bench_p4 90 "$py" -m benchmarks.check_speed --size bench --device gpu --repeats 3 \
+      --processes 4 --out "$out/check_bench_p4"
+    step check_speed_x8 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
+      --out "$out/check_x8"
+    step check_speed_x8_hw1 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
+      --hw-decoder-load 1 --out "$out/check_x8_hw1" ;;
+  formats)  # issue 13's loaders on the GPU: a Squirrel store through external_source (against Squirrel's own
+    # PyTorch path), WebDataset shards and a multi-label list (against torchvision's DataLoader); needs
+    # squirrel-core staged (../shared/gpu/stage-dali squirrel-core==0.20.2 msgpack msgpack-numpy more-itertools tqdm)
+    step external_source 280 "$py" -m benchmarks.external_source --out "$out"
+    step loader_formats 280 "$py" -m benchmarks.loader_formats --out "$out" ;;
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)
-    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check or pack)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, formats or pack)" >&2; exit 2 ;;
 esac

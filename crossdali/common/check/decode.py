@@ -38,6 +38,9 @@ NVIMGCODEC_STATUS = {
     14: "a variant the decoder does not support (NVIMGCODEC_STATUS_EXTENSION_CODESTREAM_UNSUPPORTED)",
     19: "incomplete data (NVIMGCODEC_STATUS_EXTENSION_INCOMPLETE_BITSTREAM)",
 }
+#: Extra arguments of the ``mixed`` decoder (DALI's defaults when empty; benchmarks.check_speed sets
+#: ``hw_decoder_load`` here and in its loader row to compare the two with the same decoder).
+GPU_DECODER_ARGS: dict = {}
 # Lines DALI or its libraries print that say nothing about a sample.
 _HARMLESS = re.compile(r"^\s*$|DeprecationWarning|^\s*warnings\.warn")
 
@@ -110,7 +113,8 @@ class _Decoder:
             encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
             if self.source == "paths":  # UTF-8 file names in, read by DALI's threads
                 encoded = fn.io.file.read(encoded)
-            return fn.decoders.image(encoded, device="mixed" if gpu else "cpu", output_type=types.RGB)
+            return fn.decoders.image(encoded, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                                     **(GPU_DECODER_ARGS if gpu else {}))
 
         self.pipe = decode()
         self.pipe.build()
@@ -146,12 +150,15 @@ class _PipelinedDecoder(_Decoder):
     def _pipeline_kwargs(self) -> dict:
         return {"prefetch_queue_depth": self.depth}
 
+    def build(self) -> None:
+        self._build()
+        self.primed = False
+
     def run_chunk(self, batches: list[list[np.ndarray]]) -> tuple[str | None, list[str]] | None:
         """(DALI's error or None, captured stderr lines) for the batches of one chunk; ``None`` when
         the chunk is too short to start the pipeline (its first run needs ``depth`` batches)."""
         if self.pipe is None:
-            self._build()
-            self.primed = False
+            self.build()
         if not self.primed and len(batches) < self.depth:
             return None
         pending = list(batches)
@@ -240,6 +247,11 @@ def _decode_stream(samples: Iterable[tuple[str, bytes]], *, source: str, device:
     keys: list[str] = []
     arrays: list[np.ndarray] = []
     for key, data in samples:
+        if not keys and fast.pipe is None:
+            # Build the decoder (1.75 s for the GPU's on the H100, longer than decoding the bench
+            # set) as soon as the first sample is there, not when a whole chunk is: the caller's
+            # header workers (processes, started by that first sample) read ahead meanwhile.
+            fast.build()
         keys.append(key)
         arrays.append(np.frombuffer(data, dtype=np.uint8))
         if len(keys) == chunk:
