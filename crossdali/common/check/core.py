@@ -229,9 +229,19 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
                 yield from results
 
     decoded: list[str] = []
+    # Files refused from their header are counted on the progress bar with the next decoded chunk:
+    # the decoder captures file descriptor 2 while this generator runs, and a bar drawn meanwhile
+    # would look like a decoder's warning (the chunk would then be decoded again, batch by batch).
+    refused_uncounted = 0
+
+    def counted(n: int) -> None:
+        nonlocal refused_uncounted
+        settings.tick(n + refused_uncounted)
+        refused_uncounted = 0
 
     def to_decode() -> Iterator[str]:
         """Each file of ``todo`` as its header arrives: the refused ones counted, the rest yielded."""
+        nonlocal refused_uncounted
         headers = inspected([p for p in todo if p not in infos])  # in the order of todo
         for path in todo:
             if path not in infos:
@@ -239,15 +249,18 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
                 infos[path] = ImageInfo.from_json(info)
                 if readable:  # an unreadable file is tried again next time (chmod leaves mtime alone)
                     cache.put(os.path.abspath(path), sigs[path], info=info)
-            if not full_depth or refused(path):
+            if not full_depth:
                 settings.tick(1)
+            elif refused(path):
+                refused_uncounted += 1
             else:
                 decoded.append(path)
                 yield path
 
     if full_depth:  # DALI decodes the first files while later headers are still being read
         bad = decode_files(to_decode(), device=settings.device, batch_size=settings.batch_size,
-                           threads=settings.threads, on_batch=settings.tick)
+                           threads=settings.threads, on_batch=counted)
+        counted(0)
         for path in decoded:
             full[path] = list(bad.get(path, ()))
             cache.put(os.path.abspath(path), sigs[path], full=full[path])

@@ -15,6 +15,7 @@ are ever allocated: the fast pass keeps those out.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -154,33 +155,52 @@ class _PipelinedDecoder(_Decoder):
         self._build()
         self.primed = False
 
-    def run_chunk(self, batches: list[list[np.ndarray]]) -> tuple[str | None, list[str]] | None:
+    def run_chunk(self, batches: Iterator[list[np.ndarray]]) -> tuple[str | None, list[str]] | None:
         """(DALI's error or None, captured stderr lines) for the batches of one chunk; ``None`` when
-        the chunk is too short to start the pipeline (its first run needs ``depth`` batches)."""
-        if self.pipe is None:
-            self.build()
-        if not self.primed and len(batches) < self.depth:
+        the chunk is too short to start the pipeline (its first run needs ``depth`` batches).
+
+        ``batches`` is consumed lazily, one batch as each decoded one is released: the caller
+        assembles the next batches (headers, names) while DALI decodes the earlier ones. Collecting a
+        whole chunk first and then decoding it ran the two one after the other (on the H100, 7,159
+        files/s against the loader's 14,995). The caller's own errors are raised, not taken for DALI's.
+        """
+        source_error: list[BaseException] = []
+
+        def pull() -> list[np.ndarray] | None:
+            try:
+                return next(batches, None)
+            except BaseException as e:  # noqa: BLE001 - re-raised below, outside the capture
+                source_error.append(e)
+                return None
+
+        head: list[list[np.ndarray]] = []
+        if self.pipe is None or not self.primed:
+            while len(head) < self.depth and not source_error and (batch := pull()) is not None:
+                head.append(batch)
+            if self.pipe is None and len(head) == self.depth:  # after the first samples: they started
+                self.build()                                    # the caller's header workers
+        if source_error:
+            raise source_error[0]
+        if not self.primed and len(head) < self.depth:
             return None
-        pending = list(batches)
         in_flight = 0
         with capture_stderr() as lines:
             try:
                 if not self.primed:  # the first schedule_run runs `depth` iterations
-                    for batch in pending[:self.depth]:
+                    for batch in head:
                         self.pipe.feed_input("encoded", batch)
-                    del pending[:self.depth]
                     self.pipe.schedule_run()
                     self.primed, in_flight = True, self.depth
-                while pending and in_flight < self.depth:
-                    self.pipe.feed_input("encoded", pending.pop(0))
+                while in_flight < self.depth and (batch := pull()) is not None:
+                    self.pipe.feed_input("encoded", batch)
                     self.pipe.schedule_run()
                     in_flight += 1
                 while in_flight:
                     self.pipe.share_outputs()
                     self.pipe.release_outputs()
                     in_flight -= 1
-                    if pending:
-                        self.pipe.feed_input("encoded", pending.pop(0))
+                    if (batch := pull()) is not None:
+                        self.pipe.feed_input("encoded", batch)
                         self.pipe.schedule_run()
                         in_flight += 1
                 error = None
@@ -188,6 +208,8 @@ class _PipelinedDecoder(_Decoder):
                 error = str(e)
         if error is not None:
             self.pipe, self.primed = None, False
+        if source_error:
+            raise source_error[0]
         return error, lines
 
 
@@ -218,6 +240,22 @@ def decode_files(paths: Iterable[str], *, device: str = "cpu", batch_size: int =
                           batch_size=batch_size, threads=threads, on_batch=on_batch)
 
 
+def _chunk(samples: Iterator[tuple[str, bytes]], keys: list[str], arrays: list[np.ndarray], *, batch_size: int,
+           batches: int, state: dict) -> Iterator[list[np.ndarray]]:
+    """Up to ``batches`` batches read from ``samples`` as the decoder asks for them, each sample also
+    appended to ``keys`` and ``arrays``; ``state["exhausted"]`` once ``samples`` ran out."""
+    for _ in range(batches):
+        taken = list(itertools.islice(samples, batch_size))
+        state["exhausted"] = len(taken) < batch_size
+        for key, data in taken:
+            keys.append(key)
+            arrays.append(np.frombuffer(data, dtype=np.uint8))
+        if taken:
+            yield arrays[-len(taken):]
+        if state["exhausted"]:
+            return
+
+
 def _decode_stream(samples: Iterable[tuple[str, bytes]], *, source: str, device: str, batch_size: int, threads: int,
                    on_batch: Callable[[int], None] | None) -> dict[str, tuple[str, str]]:
     fast = _PipelinedDecoder(device=device, batch_size=batch_size, threads=threads, source=source)
@@ -232,32 +270,25 @@ def _decode_stream(samples: Iterable[tuple[str, bytes]], *, source: str, device:
             elif one_lines:
                 bad[key] = ("decoder-warning", "DALI's decoder warned: " + "; ".join(dict.fromkeys(one_lines)))
 
-    def flush(keys: list[str], arrays: list[np.ndarray]) -> None:
-        batches = [arrays[i:i + batch_size] for i in range(0, len(arrays), batch_size)]
-        outcome = fast.run_chunk(batches)
+    samples = iter(samples)
+    chunk_batches = max(2 * fast.depth, -(-CHUNK_SAMPLES[device] // batch_size))
+    exhausted = False
+    while not exhausted:
+        keys: list[str] = []
+        arrays: list[np.ndarray] = []
+        state = {"exhausted": False}
+        outcome = fast.run_chunk(_chunk(samples, keys, arrays, batch_size=batch_size, batches=chunk_batches,
+                                        state=state))
+        exhausted = state["exhausted"]
+        if not keys:
+            break
         if outcome is None or outcome[0] is not None or outcome[1]:  # find the batch, then the sample
-            for i, batch in enumerate(batches):
+            for i in range(0, len(keys), batch_size):
+                batch = arrays[i:i + batch_size]
                 error, lines = slow.run(batch)
                 if error is not None or lines:
-                    one_by_one(keys[i * batch_size:(i + 1) * batch_size], batch, error, lines)
+                    one_by_one(keys[i:i + batch_size], batch, error, lines)
         if on_batch is not None:
             on_batch(len(keys))
-
-    chunk = batch_size * max(2 * fast.depth, -(-CHUNK_SAMPLES[device] // batch_size))
-    keys: list[str] = []
-    arrays: list[np.ndarray] = []
-    for key, data in samples:
-        if not keys and fast.pipe is None:
-            # Build the decoder (1.75 s for the GPU's on the H100, longer than decoding the bench
-            # set) as soon as the first sample is there, not when a whole chunk is: the caller's
-            # header workers (processes, started by that first sample) read ahead meanwhile.
-            fast.build()
-        keys.append(key)
-        arrays.append(np.frombuffer(data, dtype=np.uint8))
-        if len(keys) == chunk:
-            flush(keys, arrays)
-            keys, arrays = [], []
-    if keys:
-        flush(keys, arrays)
     return bad
 
