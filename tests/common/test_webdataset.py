@@ -64,6 +64,62 @@ def test_label_text_is_parsed_in_the_pipeline(tmp_path, tiny_classification):
     assert _labels(resolve_source(tmp_path, "val"), len(texts)) == [0, 7, 12, 345, 999999999999, 42]
 
 
+def _parse(texts: list[bytes]) -> list[np.ndarray]:
+    """``decimal_text_to_int`` of ``texts`` as one batch, in a CPU pipeline (real DALI outputs)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from crossdali.common.classification import decimal_text_to_int
+
+    @pipeline_def(batch_size=len(texts), num_threads=1, device_id=None)
+    def pipe():
+        text = fn.external_source(source=lambda: [np.frombuffer(t, dtype=np.uint8) for t in texts], batch=True,
+                                  dtype=types.UINT8, ndim=1)
+        return decimal_text_to_int(text)
+
+    p = pipe()
+    p.build()
+    (labels,) = p.run()
+    return [np.array(labels.at(i)) for i in range(len(texts))]
+
+
+# Every text the checker accepts, in one batch of mixed lengths: 1 to MAX_LABEL_DIGITS digits,
+# leading zeros, whitespace before and after, up to MAX_LABEL_TEXT_BYTES bytes in all.
+ACCEPTED_LABEL_TEXTS = [b"0", b"7", b"42", b"12\n", b"12\r\n", b" 345 ", b"\t8\t", b"007", b"0000", b"10\n",
+                        b"999999999999", b"100000000000", b"123456789012\r\n", b"000000000017",
+                        b"  000000000017\r\n", b" " * 20 + b"123456789012", b"5" + b" " * 31,
+                        b"\x0b\x0c 99 \x1c\x1d\x1e\x1f"]
+
+
+def test_label_text_parse_equals_int_for_every_accepted_text():
+    from crossdali.common.check.records import MAX_LABEL_DIGITS, MAX_LABEL_TEXT_BYTES, webdataset_image
+
+    def accepted(t):
+        return webdataset_image({"cls": t}, image_extensions=("jpg",), label_extension="cls")[1]
+
+    assert max(len(t.strip()) for t in ACCEPTED_LABEL_TEXTS) == MAX_LABEL_DIGITS
+    assert max(len(t) for t in ACCEPTED_LABEL_TEXTS) == MAX_LABEL_TEXT_BYTES
+    want = [int(t.decode("ascii").strip()) for t in ACCEPTED_LABEL_TEXTS]  # str.strip: as the checker
+    assert [accepted(t) for t in ACCEPTED_LABEL_TEXTS] == want  # the checker lets each through
+    got = _parse(ACCEPTED_LABEL_TEXTS)
+    assert all(g.dtype == np.int64 and g.shape == (1,) for g in got)
+    assert [int(g[0]) for g in got] == want
+    for t in ACCEPTED_LABEL_TEXTS[:4]:  # alone, too (a batch of one sample of that length)
+        assert int(_parse([t])[0][0]) == int(t.decode("ascii").strip())
+
+
+def test_refused_label_text_gives_a_number_without_error():
+    """What the checker refuses never reaches the reader; the parse still must not fail on it."""
+    from crossdali.common.check.records import webdataset_image
+
+    refused = [b"", b"cat", b"1 2", b"-3", b"9" * 13, b"9" * 40, b" " * 30 + b"123", b"\xff7"]
+    for t in refused:
+        with pytest.raises(ValueError, match="not a class index"):
+            webdataset_image({"cls": t}, image_extensions=("jpg",), label_extension="cls")
+    got = _parse(refused)
+    assert all(g.dtype == np.int64 and g.shape == (1,) for g in got)
+    assert int(got[0][0]) == int(got[1][0]) == 0  # no digit: 0
+
+
 def test_missing_index_names_wds2idx(tmp_path, tiny_classification):
     shutil.copytree(tiny_classification / "webdataset", tmp_path / "w")
     (tmp_path / "w" / "val-000000.idx").unlink()

@@ -320,14 +320,16 @@ def webdataset_image(payload: dict[str, bytes], *, image_extensions: tuple[str, 
     if text is None:
         return image, None
     value = text.decode("ascii", "replace").strip()
-    if not value.isdigit() or len(value) > MAX_LABEL_DIGITS:
+    if not value.isdigit() or len(value) > MAX_LABEL_DIGITS or len(text) > MAX_LABEL_TEXT_BYTES:
         raise ValueError(f".{label_extension} holds {text[:40]!r}, not a class index (0 to {10 ** MAX_LABEL_DIGITS - 1} "
-                         "as decimal text)")
+                         f"as decimal text of at most {MAX_LABEL_TEXT_BYTES} bytes)")
     return image, int(value)
 
 
 #: The longest ``.cls`` text the classification pipeline parses (``crossdali.common.classification``).
 MAX_LABEL_DIGITS = 12
+#: The most bytes of ``.cls`` text, whitespace included, that the pipeline reads (it parses a fixed window).
+MAX_LABEL_TEXT_BYTES = 32
 
 
 def record_image(fmt: str, payload, *, image_key: str, label_key: str):
