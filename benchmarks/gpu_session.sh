@@ -63,12 +63,11 @@ case $phase in
     # with DALI's decoder defaults and with every JPEG on the hardware decoder (crossdali's loaders' setting),
     # on the bench set and on 8 symbolic-link copies of it (65,560 files: the decoder build amortised)
     step check_gpu_tests 120 "$py" -m pytest tests/common/test_check_decode.py -m gpu -rA -p no:cacheprovider -q -s
+    step bench_set 200 "$py" -m crossdali.common.sample_data --kind classification --size bench --formats imagefolder,webdataset
     step check_speed_bench 240 "$py" -m benchmarks.check_speed --size bench --device gpu --repeats 3 \
       --out "$out/check_bench"
     step check_speed_bench_hw1 90 "$py" -m benchmarks.check_speed --size bench --device gpu --repeats 3 \
       --hw-decoder-load 1 --out "$out/check_bench_hw1"
-    step check_speed_bench_p4 90 "$py" -m benchmarks.check_speed --size bench --device gpu --repeats 3 \
-      --processes 4 --out "$out/check_bench_p4"
     step check_speed_x8 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
       --out "$out/check_x8"
     step check_speed_x8_hw1 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
@@ -77,7 +76,8 @@ case $phase in
     # PyTorch path), WebDataset shards and a multi-label list (against torchvision's DataLoader); needs
     # squirrel-core staged (../shared/gpu/stage-dali squirrel-core==0.20.2 msgpack msgpack-numpy more-itertools tqdm)
     step external_source 280 "$py" -m benchmarks.external_source --out "$out"
-    step loader_formats 280 "$py" -m benchmarks.loader_formats --out "$out" ;;
+    # LOADER_FORMATS_ARGS=--skip-multilabel: the ImageFolder and WebDataset rows only
+    step loader_formats 280 "$py" -m benchmarks.loader_formats --out "$out" ${LOADER_FORMATS_ARGS:-} ;;
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)

@@ -57,6 +57,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="DALI Python worker processes reading the multi-label files (the parallel rows)")
     parser.add_argument("--min-seconds", type=float, default=5.0,
                         help="time whole epochs until at least this long (and at least 2 epochs) per row")
+    parser.add_argument("--skip-multilabel", action="store_true",
+                        help="ImageFolder and WebDataset rows only (the multi-label bench set takes minutes to build)")
     parser.add_argument("--cpu", action="store_true", help="DALI CPU rows only, batches consumed on the CPU (no GPU needed)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sets, CPU rows, batch 32, 2 workers, 64 px: checks the script runs")
@@ -111,7 +113,8 @@ def plot(report: dict, png: Path) -> bool:
         xlabel="images/s (higher is better)",
         title=f"Input formats -> RN50 train transform {report['crop_size']} px, batch {report['batch_size']}\n"
               f"{report['device']}, {report['cpu_count']} CPU cores, {data['jpegs']:,} JPEGs "
-              f"({data['webdataset_shards']} shards), {data['multilabel_images']:,} multi-label images"
+              f"({data['webdataset_shards']} shards)"
+              + (f", {data['multilabel_images']:,} multi-label images" if "multilabel_images" in data else "")
     ) is not None
 
 
@@ -132,18 +135,21 @@ def main(args: argparse.Namespace) -> dict:
     root = ensure_classification(args.data_root, size=args.size, formats=("imagefolder", "webdataset"))
     files = resolve_source(root / "imagefolder", "train")
     shards = resolve_source(root / "webdataset", "train")
-    multilabel = resolve_multilabel_source(ensure_multilabel(args.data_root, size=args.size), "train")
+    multilabel = None if args.skip_multilabel else \
+        resolve_multilabel_source(ensure_multilabel(args.data_root, size=args.size), "train")
     dataset = {
         "jpegs": files.num_samples, "jpeg_mean_kib": _mean_kib(files.files),
         "webdataset_samples": shards.num_samples, "webdataset_shards": len(shards.paths),
         "webdataset_mib": sum(os.path.getsize(p) for p in shards.paths) / 2**20,
-        "multilabel_images": multilabel.num_samples, "multilabel_classes": multilabel.num_classes,
-        "multilabel_mean_kib": _mean_kib(multilabel.files),
-        "multilabel_labels_per_image": sum(map(len, multilabel.labels)) / multilabel.num_samples,
     }
+    if multilabel is not None:
+        dataset.update(multilabel_images=multilabel.num_samples, multilabel_classes=multilabel.num_classes,
+                       multilabel_mean_kib=_mean_kib(multilabel.files),
+                       multilabel_labels_per_image=sum(map(len, multilabel.labels)) / multilabel.num_samples)
+    labelled = "" if multilabel is None else \
+        f", {multilabel.num_samples} multi-label images ({dataset['multilabel_mean_kib']:.0f} KiB mean)"
     print(f"data: {files.num_samples} JPEGs ({dataset['jpeg_mean_kib']:.0f} KiB mean), {shards.num_samples} in "
-          f"{len(shards.paths)} WebDataset shards, {multilabel.num_samples} multi-label images "
-          f"({dataset['multilabel_mean_kib']:.0f} KiB mean) (built/checked in {time.perf_counter() - t0:.0f} s)",
+          f"{len(shards.paths)} WebDataset shards{labelled} (built/checked in {time.perf_counter() - t0:.0f} s)",
           flush=True)
 
     bs, crop, workers, py_workers = args.batch_size, args.crop_size, args.workers, args.py_workers
@@ -165,9 +171,12 @@ def main(args: argparse.Namespace) -> dict:
                   format="multilabel", py_workers=py_workers, **row),
              lambda b=backend: create_multilabel_loader(multilabel, backend=b, py_workers=py_workers, **common)),
         ]
-    configs.append((dict(name=f"multi-label list -> torchvision (PIL, DataLoader, {workers} workers)",
-                         format="multilabel", backend="torchvision", workers=workers),
-                    lambda: _multilabel_torch_loader(multilabel, batch_size=bs, workers=workers, crop=crop)))
+    if multilabel is None:
+        configs = [c for c in configs if c[0]["format"] != "multilabel"]
+    else:
+        configs.append((dict(name=f"multi-label list -> torchvision (PIL, DataLoader, {workers} workers)",
+                             format="multilabel", backend="torchvision", workers=workers),
+                        lambda: _multilabel_torch_loader(multilabel, batch_size=bs, workers=workers, crop=crop)))
 
     report = {
         "benchmark": "loader_formats",
