@@ -43,6 +43,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="header-inspecting processes (default: the checker's choice for this machine)")
     parser.add_argument("--chunk", type=int, default=None,
                         help="samples per pipelined decode chunk (default: the checker's, per device)")
+    parser.add_argument("--depth", type=int, default=None,
+                        help="batches in flight in the full pass (default: the checker's, per device)")
     parser.add_argument("--copies", type=int, default=1,
                         help="check and load N symbolic-link copies of every file (a larger data set)")
     parser.add_argument("--hw-decoder-load", type=float, default=None,
@@ -124,6 +126,8 @@ def main(args: argparse.Namespace) -> dict:
 
     if args.chunk:
         decode.CHUNK_SAMPLES[args.device] = args.chunk
+    if args.depth:
+        decode.PIPELINE_DEPTH[args.device] = args.depth
     if args.hw_decoder_load is not None:
         decode.GPU_DECODER_ARGS["hw_decoder_load"] = args.hw_decoder_load
     if args.data is None:
@@ -156,6 +160,7 @@ def main(args: argparse.Namespace) -> dict:
         "workers": args.workers, "batch_size": args.batch_size, "machine": platform.node(),
         "cpu_count": os.cpu_count(), "files_per_s": {k: round(v, 1) for k, v in rows.items()},
         "chunk_samples": decode_chunk(args.device),
+        "pipeline_depth": decode.PIPELINE_DEPTH[args.device],
         "inspect_processes": settings.inspect_processes(len(files)),
         "full_pass_vs_loader": round(rows["check full"] / rows["loader decode"], 3),
         "full_pass_vs_loader_epoch": round(rows["check full"] / rows["loader epoch incl. build"], 3),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|formats|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|formats|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|formats|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|formats|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -72,6 +72,12 @@ case $phase in
       --out "$out/check_x8"
     step check_speed_x8_hw1 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
       --hw-decoder-load 1 --out "$out/check_x8_hw1" ;;
+  checkdepth)  # the full pass on 65,560 files with 2 and 4 batches in flight, and batches of 256
+    step check_x8_d2 100 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --out "$out/check_x8_d2"
+    step check_x8_d4 100 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --depth 4 \
+      --out "$out/check_x8_d4"
+    step check_x8_b256_d4 100 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --depth 4 -b 256 \
+      --out "$out/check_x8_b256_d4" ;;
   formats)  # issue 13's loaders on the GPU: a Squirrel store through external_source (against Squirrel's own
     # PyTorch path), WebDataset shards and a multi-label list (against torchvision's DataLoader); needs
     # squirrel-core staged (../shared/gpu/stage-dali squirrel-core==0.20.2 msgpack msgpack-numpy more-itertools tqdm)
@@ -81,5 +87,5 @@ case $phase in
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)
-    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, formats or pack)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, checkdepth, formats or pack)" >&2; exit 2 ;;
 esac

@@ -112,12 +112,16 @@ class Problem:
         return asdict(self)
 
 
-def sample_id(path: str | os.PathLike, root: str | os.PathLike | None) -> str:
-    """``path`` relative to ``root`` (posix), or as given when it lies elsewhere."""
+def sample_id(path: str | os.PathLike, root: str | os.PathLike | None, *, absolute: str | None = None) -> str:
+    """``path`` relative to ``root`` (posix), or as given when it lies elsewhere. ``absolute``:
+    ``os.path.abspath(path)`` where the caller has it (a million files: the main thread's time)."""
     if root is None:
         return Path(path).as_posix()
-    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
-    return Path(path).as_posix() if rel.startswith("..") else Path(rel).as_posix()
+    absolute = absolute or os.path.abspath(path)
+    prefix = os.path.join(os.path.abspath(root), "")
+    if absolute.startswith(prefix):  # what relpath gives, without its per-call normalising
+        return Path(absolute[len(prefix):]).as_posix() if os.sep != "/" else absolute[len(prefix):]
+    return Path(path).as_posix()
 
 
 def _problem(sample: str, where: str, code: str, text: str, *, depth: str = "fast", severity: str = "error",
@@ -190,6 +194,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
     full: dict[str, list] = {}  # [code, text], or [] when the decoder was happy
     sigs: dict[str, list[int]] = {}
     todo = []
+    absolute = {path: os.path.abspath(path) for path in files}  # the cache's keys, computed once
     for path in files:
         try:
             sigs[path] = file_signature(path)
@@ -197,7 +202,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
             infos[path] = ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")])
             settings.tick(1)
             continue
-        entry = cache.get(os.path.abspath(path), sigs[path])
+        entry = cache.get(absolute[path], sigs[path])
         if entry is not None and "info" in entry:
             infos[path] = ImageInfo.from_json(entry["info"])
             if entry.get("full") is not None:
@@ -248,7 +253,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
                 info, readable = next(headers)
                 infos[path] = ImageInfo.from_json(info)
                 if readable:  # an unreadable file is tried again next time (chmod leaves mtime alone)
-                    cache.put(os.path.abspath(path), sigs[path], info=info)
+                    cache.put(absolute[path], sigs[path], info=info)
             if not full_depth:
                 settings.tick(1)
             elif refused(path):
@@ -263,13 +268,13 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         counted(0)
         for path in decoded:
             full[path] = list(bad.get(path, ()))
-            cache.put(os.path.abspath(path), sigs[path], full=full[path])
+            cache.put(absolute[path], sigs[path], full=full[path])
     else:
         for _ in to_decode():
             pass
     problems = []
     for path in files:
-        sid = sample_id(path, root)
+        sid = sample_id(path, root, absolute=absolute[path])
         info = infos[path]
         for code, text in info.problems:
             problems.append(_problem(sid, path, code, text))
@@ -281,7 +286,8 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
     if full_depth:
         for path in files:
             if full.get(path):
-                problems.append(_problem(sample_id(path, root), path, *full[path], depth="full"))
+                problems.append(_problem(sample_id(path, root, absolute=absolute[path]), path, *full[path],
+                                         depth="full"))
     cache.save()
     return problems, infos
 

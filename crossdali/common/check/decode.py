@@ -217,6 +217,8 @@ class _PipelinedDecoder(_Decoder):
 #: little, small enough that the progress bar moves every second or two (a 2-core CPU decodes about
 #: 1,000 bench-set JPEGs/s, the H100 about 24,000).
 CHUNK_SAMPLES = {"cpu": 512, "gpu": 4096}
+#: Batches in flight in the full pass, per device (as a loader's ``prefetch_queue_depth``).
+PIPELINE_DEPTH = {"cpu": 2, "gpu": 2}
 
 
 def decode_samples(samples: Iterable[tuple[str, bytes]], *, device: str = "cpu", batch_size: int = 32,
@@ -258,7 +260,8 @@ def _chunk(samples: Iterator[tuple[str, bytes]], keys: list[str], arrays: list[n
 
 def _decode_stream(samples: Iterable[tuple[str, bytes]], *, source: str, device: str, batch_size: int, threads: int,
                    on_batch: Callable[[int], None] | None) -> dict[str, tuple[str, str]]:
-    fast = _PipelinedDecoder(device=device, batch_size=batch_size, threads=threads, source=source)
+    fast = _PipelinedDecoder(device=device, batch_size=batch_size, threads=threads, source=source,
+                             depth=PIPELINE_DEPTH[device])
     slow = _Decoder(device=device, batch_size=batch_size, threads=threads, source=source)
     bad: dict[str, tuple[str, str]] = {}
 
