@@ -72,12 +72,10 @@ case $phase in
       --out "$out/check_x8"
     step check_speed_x8_hw1 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
       --hw-decoder-load 1 --out "$out/check_x8_hw1" ;;
-  checkdepth)  # the full pass on 65,560 files with 2 and 4 batches in flight, and batches of 256
+  checkdepth)  # the full pass on 65,560 files with 2 and 4 batches in flight
     step check_x8_d2 100 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --out "$out/check_x8_d2"
     step check_x8_d4 100 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --depth 4 \
-      --out "$out/check_x8_d4"
-    step check_x8_b256_d4 100 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --depth 4 -b 256 \
-      --out "$out/check_x8_b256_d4" ;;
+      --out "$out/check_x8_d4" ;;
   formats)  # issue 13's loaders on the GPU: a Squirrel store through external_source (against Squirrel's own
     # PyTorch path), WebDataset shards and a multi-label list (against torchvision's DataLoader); needs
     # squirrel-core staged (../shared/gpu/stage-dali squirrel-core==0.20.2 msgpack msgpack-numpy more-itertools tqdm)
