@@ -50,6 +50,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--hw-decoder-load", type=float, default=None,
                         help="the GPU decoder's hardware JPEG share, for the check and the loader alike "
                              "(default: DALI's)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed runs, one more full pass under cProfile (the main thread, where the "
+                             "pass is bound on the H100): its top functions in check_full_profile.txt under --out")
     parser.add_argument("--smoke", action="store_true", help="tiny set, one repeat (CI)")
     parser.add_argument("--out", type=Path, default=Path("results/check_speed"))
     return parser
@@ -146,6 +149,8 @@ def main(args: argparse.Namespace) -> dict:
         seconds = _timed(lambda s=settings: check_image_files(files, root=args.data, settings=s), args.repeats)
         rows[f"check {depth}"] = len(files) / seconds
     full_seconds = len(files) / rows["check full"]
+    if args.profile:
+        _profile_full_pass(files, args, settings, args.out / "check_full_profile.txt")
     loader = [loader_decode_rate(files, device=args.device, workers=args.workers, batch_size=args.batch_size)
               for _ in range(args.repeats)]
     rows["loader decode"] = max(steady for steady, _, _ in loader)
@@ -176,6 +181,22 @@ def main(args: argparse.Namespace) -> dict:
     _plot(result, args.out / "check_speed.png")
     print(json.dumps(result, indent=1))
     return result
+
+
+def _profile_full_pass(files: list[str], args: argparse.Namespace, settings, path: Path) -> None:
+    """One untimed full pass under cProfile; the 40 functions with the most own time, as text."""
+    import cProfile
+    import io
+    import pstats
+
+    from crossdali.common.check.core import check_image_files
+
+    profiler = cProfile.Profile()
+    profiler.runcall(check_image_files, files, root=args.data, settings=settings)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.getvalue())
 
 
 def decode_chunk(device: str) -> int:

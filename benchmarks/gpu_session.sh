@@ -68,7 +68,7 @@ case $phase in
       --out "$out/check_bench"
     step check_speed_bench_hw1 90 "$py" -m benchmarks.check_speed --size bench --device gpu --repeats 3 \
       --hw-decoder-load 1 --out "$out/check_bench_hw1"
-    step check_speed_x8 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
+    step check_speed_x8 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --profile \
       --out "$out/check_x8"
     step check_speed_x8_hw1 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
       --hw-decoder-load 1 --out "$out/check_x8_hw1" ;;
