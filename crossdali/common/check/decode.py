@@ -160,9 +160,9 @@ class _PipelinedDecoder(_Decoder):
         the chunk is too short to start the pipeline (its first run needs ``depth`` batches).
 
         ``batches`` is consumed lazily, one batch as each decoded one is released: the caller
-        assembles the next batches (headers, names) while DALI decodes the earlier ones. Collecting a
-        whole chunk first and then decoding it ran the two one after the other (on the H100, 7,159
-        files/s against the loader's 14,995). The caller's own errors are raised, not taken for DALI's.
+        assembles the next batches (headers, names) while DALI decodes the earlier ones; collecting a
+        whole chunk first ran the two one after the other (on the H100, 65,560 files: 5,964 files/s
+        that way, 6,293 this way). The caller's own errors are raised, not taken for DALI's.
         """
         source_error: list[BaseException] = []
 
