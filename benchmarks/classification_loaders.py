@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import usage_error
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 from crossdali.pytorch import create_classification_loader
@@ -137,7 +138,7 @@ def main(args: argparse.Namespace) -> dict:
         args.min_seconds, args.train_warmup = 0.0, 1
         args.train_threads, args.arch, args.crop_size = "", "resnet18", 64
     elif not torch.cuda.is_available():
-        raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
+        raise usage_error("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import usage_error
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.detection import resolve_detection_source
 from crossdali.common.sample_data.detection import ensure_detection
@@ -120,7 +121,7 @@ def main(args: argparse.Namespace) -> dict:
         args.size, args.workers, args.seconds, args.warmup_batches, args.batch_size = "tiny", 2, 2.0, 1, 16
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
-        raise SystemExit("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
+        raise usage_error("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     root = ensure_detection(args.data_root, args.size)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import usage_error
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
@@ -139,7 +140,7 @@ def main(args: argparse.Namespace) -> dict:
         args.size, args.batch_size, args.workers, args.crop_size, args.min_seconds = "tiny", 32, 2, 64, 0.0
         args.cpu = True
     elif not args.cpu and not torch.cuda.is_available():
-        raise SystemExit("no CUDA GPU here: pass --cpu for the CPU rows alone (or --smoke)")
+        raise usage_error("no CUDA GPU here: pass --cpu for the CPU rows alone (or --smoke)")
     gpu = not args.cpu
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import usage_error
 from benchmarks.classification_loaders import _consume
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.sample_data import ensure_classification, ensure_multilabel
@@ -126,8 +127,7 @@ def main(args: argparse.Namespace) -> dict:
         args.size, args.batch_size, args.workers, args.py_workers = "tiny", 32, 2, 2
         args.crop_size, args.min_seconds, args.cpu = 64, 0.0, True
     elif not args.cpu and not torch.cuda.is_available():
-        print("no CUDA GPU here: pass --cpu for the DALI CPU rows alone (or --smoke)", file=sys.stderr)
-        raise SystemExit(2)
+        raise usage_error("no CUDA GPU here: pass --cpu for the DALI CPU rows alone (or --smoke)")
     gpu = not args.cpu
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import usage_error
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 
@@ -107,7 +109,7 @@ def main(args: argparse.Namespace) -> list[dict]:
     visible = torch.cuda.device_count()
     counts = [int(g) for g in args.gpus.split(",")]
     if args.data_backend == "dali-gpu" and visible < max(counts):
-        raise SystemExit(f"--gpus {args.gpus} needs {max(counts)} GPUs, {visible} visible: pass --gpus 1,{visible or 1}")
+        raise usage_error(f"--gpus {args.gpus} needs {max(counts)} GPUs, {visible} visible: pass --gpus 1,{visible or 1}")
     ensure_classification(size=args.sample_size)  # build once, before any rank starts
     results = []
     for launcher in args.launchers.split(","):

@@ -37,6 +37,7 @@ from crossdali.tensorflow import enable_memory_growth  # isort: skip (before any
 
 enable_memory_growth()  # before TF, DALI or torch touch the GPU: DALI's decoders need memory beside TF
 
+from benchmarks import usage_error  # noqa: E402
 from benchmarks.plot import bar_png  # noqa: E402
 from crossdali.common.classification import ClassificationTransform, create_classification_pipeline  # noqa: E402
 from crossdali.common.options import pipeline_options  # noqa: E402
@@ -175,7 +176,7 @@ def main(args: argparse.Namespace) -> dict:
     if args.smoke:
         args.size, args.batch_size, args.crop_size, args.workers, args.min_seconds, args.rounds = "tiny", 32, 64, 2, 0.0, 1
     elif not on_gpu:
-        raise SystemExit("this benchmark compares GPU-fed pipelines: run it where TensorFlow sees a GPU (or --smoke)")
+        raise usage_error("this benchmark compares GPU-fed pipelines: run it where TensorFlow sees a GPU (or --smoke)")
     backend = "dali-gpu" if on_gpu and not args.smoke else "dali-cpu"
     has_torch = bool(importlib.util.find_spec("torch") and importlib.util.find_spec("nvidia.dali.plugin.pytorch"))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -40,3 +40,17 @@ def test_loader_formats_benchmark_smoke(tmp_path, data_root):
         per_epoch = 96 if row["format"] == "multilabel" else 264
         assert row["epochs"] >= 2 and row["images"] == per_epoch * row["epochs"] and row["img_s"] > 0, row  # whole epochs
     assert (tmp_path / "loader_formats.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("module", ["benchmarks.loader_formats", "benchmarks.classification_loaders"])
+def test_gpu_benchmark_without_a_gpu_is_one_line_and_exit_2(module, tmp_path):
+    """A GPU benchmark started where there is no GPU is the user's mistake: one line, exit code 2."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run([sys.executable, "-m", module, "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "GPU" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "loader_formats.json").exists() and not (tmp_path / "classification_loaders.json").exists()
