@@ -104,8 +104,7 @@ def symlink_copies(files: list[str], copies: int, folder: Path) -> list[str]:
         sub.mkdir(parents=True, exist_ok=True)
         for i, f in enumerate(files):
             link = sub / f"{i:07d}{Path(f).suffix}"
-            if not link.exists():
-                link.symlink_to(os.path.abspath(f))
+            link.symlink_to(os.path.abspath(f))
             out.append(str(link))
     return out
 
@@ -164,7 +163,7 @@ def main(args: argparse.Namespace) -> dict:
         "data": str(args.data), "files": len(files), "megabytes": round(megabytes, 1), "device": args.device,
         "workers": args.workers, "batch_size": args.batch_size, "machine": platform.node(),
         "cpu_count": os.cpu_count(), "files_per_s": {k: round(v, 1) for k, v in rows.items()},
-        "chunk_samples": decode_chunk(args.device),
+        "chunk_samples": decode.CHUNK_SAMPLES[args.device],
         "pipeline_depth": decode.PIPELINE_DEPTH[args.device],
         "inspect_processes": settings.inspect_processes(len(files)),
         "full_pass_vs_loader": round(rows["check full"] / rows["loader decode"], 3),
@@ -197,12 +196,6 @@ def _profile_full_pass(files: list[str], args: argparse.Namespace, settings, pat
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text.getvalue())
-
-
-def decode_chunk(device: str) -> int:
-    from crossdali.common.check.decode import CHUNK_SAMPLES
-
-    return CHUNK_SAMPLES[device]
 
 
 def _plot(result: dict, path: Path) -> None:

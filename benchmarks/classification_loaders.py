@@ -20,16 +20,14 @@ configuration, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks import usage_error
+from benchmarks.loader_rows import environment, sync, time_epochs, write_report
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 from crossdali.pytorch import create_classification_loader
@@ -72,25 +70,6 @@ def _pil_imagefolder_loader(source, *, batch_size: int, workers: int, crop: int)
                                        pin_memory=True, persistent_workers=True, drop_last=False)
 
 
-def _consume(loader, device, *, min_epochs: int = 2, min_seconds: float = 0.0) -> dict[str, float]:
-    """One warm-up epoch, then whole epochs, moving each batch to the GPU, until at least
-    ``min_epochs`` epochs and ``min_seconds`` seconds are timed (a GPU pipeline goes through the
-    bench set in under a second, too short to time alone)."""
-    for images, _labels in loader:  # warm-up: workers, caches, allocator
-        images.to(device, non_blocking=True)
-    _sync(device)
-    n, epochs, start = 0, 0, time.perf_counter()
-    while epochs < min_epochs or time.perf_counter() - start < min_seconds:
-        for images, labels in loader:
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            n += images.shape[0]
-        _sync(device)
-        epochs += 1
-    elapsed = time.perf_counter() - start
-    return {"images": n, "epochs": epochs, "seconds": elapsed, "img_s": n / elapsed}
-
-
 def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10) -> dict[str, float]:
     """``steps`` RN50 training steps after ``warmup`` untimed ones; data wait measured per step."""
     model.train()
@@ -98,13 +77,13 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
     wait, n, start = 0.0, 0, None
     for step in range(warmup + steps):
         if step == warmup:
-            _sync(device)
+            sync(device)
             wait, n, start = 0.0, 0, time.perf_counter()
         t0 = time.perf_counter()
         images, labels = next(it)
         images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
         labels = labels.to(device, non_blocking=True)
-        _sync(device)  # the wait includes the host-to-device copy
+        sync(device)  # the wait includes the host-to-device copy
         wait += time.perf_counter() - t0
         # AMP on the GPU only: this measures GPU training; CPU autocast (bfloat16) is emulated and slow
         # on CPUs without AVX-512/AMX bfloat16 instructions
@@ -115,14 +94,9 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
         scaler.step(optimizer)
         scaler.update()
         n += images.shape[0]
-    _sync(device)
+    sync(device)
     elapsed = time.perf_counter() - start
     return {"img_s": n / elapsed, "data_wait_share": wait / elapsed, "steps": steps}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _forever(loader):
@@ -164,13 +138,7 @@ def main(args: argparse.Namespace) -> dict:
 
     results, train = [], []
     report = {
-        "benchmark": "classification_loaders",
-        "command": " ".join(["python", "-m", "benchmarks.classification_loaders", *sys.argv[1:]]),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "dali": __import__("nvidia.dali").dali.__version__,
+        **environment("classification_loaders", device),
         "dataset": {"images": source.num_samples, "mean_kib": sum(sizes) / len(sizes) / 1024},
         "batch_size": bs,
         "transform": f"decode + random-resized-crop {crop} + flip + normalize, float NCHW on the {device.type.upper()}",
@@ -190,14 +158,14 @@ def main(args: argparse.Namespace) -> dict:
                 loader = _pil_imagefolder_loader(source, batch_size=bs, workers=cfg["workers"], crop=crop)
             else:
                 loader = create_classification_loader(source, **common, **cfg, device_id=0)
-            row.update(_consume(loader, device, min_seconds=args.min_seconds))
+            row.update(time_epochs(loader, device, min_seconds=args.min_seconds))
             print(f"{name:45s} {row['img_s']:9,.0f} img/s", flush=True)
             del loader
         except Exception as e:  # reported in the JSON
             row["error"] = f"{type(e).__name__}: {e}"
             print(f"{name:45s} FAILED: {row['error']}", flush=True)
         results.append(row)
-        _write(path, report)
+        write_report(path, report)
 
     if not args.skip_train:
         import torchvision
@@ -232,20 +200,16 @@ def main(args: argparse.Namespace) -> dict:
                 row["error"] = f"{type(e).__name__}: {e}"
                 print(f"train {name:39s} FAILED: {row['error']}", flush=True)
             train.append(row)
-            _write(path, report)
+            write_report(path, report)
 
     by_name = {r["name"]: r["img_s"] for r in results if "img_s" in r}
     for key, base in (("speedup_vs_native", "torchvision decode_image + v2 (native)"),
                       ("speedup_vs_pil", "torchvision PIL ImageFolder")):
         if base in by_name:
             report[key] = {name: img_s / by_name[base] for name, img_s in by_name.items()}
-    _write(path, report)
+    write_report(path, report)
     print(f"wrote {path}")
     return report
-
-
-def _write(path: Path, report: dict) -> None:
-    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

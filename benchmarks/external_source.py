@@ -25,10 +25,6 @@ batches are consumed as float NCHW tensors on the GPU (CPU in ``--smoke``). Writ
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import usage_error
+from benchmarks.loader_rows import environment, run_rows
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
@@ -92,30 +89,6 @@ def _squirrel_torch_loader(store: Path, *, batch_size: int, workers: int, crop: 
           .to_torch_iterable())
     return torch.utils.data.DataLoader(it, batch_size=None, num_workers=workers, pin_memory=torch.cuda.is_available(),
                                        persistent_workers=workers > 0)
-
-
-def _consume(loader, device, *, min_seconds: float) -> dict:
-    for images, _ in loader:  # warm-up: workers, caches, allocator
-        images.to(device, non_blocking=True)
-    _sync(device)
-    n, epochs, start = 0, 0, time.perf_counter()
-    while epochs < 2 or time.perf_counter() - start < min_seconds:
-        for images, _labels in loader:
-            images = images.to(device, non_blocking=True)
-            n += images.shape[0]
-        _sync(device)
-        epochs += 1
-    elapsed = time.perf_counter() - start
-    return {"images": n, "epochs": epochs, "seconds": elapsed, "img_s": n / elapsed}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _write(path: Path, report: dict) -> None:
-    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def plot(report: dict, png: Path) -> bool:
@@ -178,13 +151,7 @@ def main(args: argparse.Namespace) -> dict:
             source, backend=b, **common)))
 
     report = {
-        "benchmark": "external_source",
-        "command": " ".join(["python", "-m", "benchmarks.external_source", *sys.argv[1:]]),
-        "device": torch.cuda.get_device_name(device) if gpu else platform.processor() or "cpu",
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "dali": __import__("nvidia.dali").dali.__version__,
+        **environment("external_source", device),
         "squirrel": __import__("importlib.metadata").metadata.version("squirrel-core"),
         "dataset": {"images": source.num_samples, "store_mib": store_mib},
         "batch_size": bs,
@@ -194,18 +161,8 @@ def main(args: argparse.Namespace) -> dict:
         "results": [],
     }
     path = args.out / "external_source.json"
-    for name, make in configs:
-        row = {"name": name}
-        try:  # one failing configuration is recorded with its error; the others still run
-            loader = make()
-            row.update(_consume(loader, device, min_seconds=args.min_seconds))
-            print(f"{name:55s} {row['img_s']:9,.0f} img/s", flush=True)
-            del loader
-        except Exception as e:  # reported in the JSON
-            row["error"] = f"{type(e).__name__}: {e}"
-            print(f"{name:55s} FAILED: {row['error']}", flush=True)
-        report["results"].append(row)
-        _write(path, report)
+    run_rows([({"name": name}, make) for name, make in configs], device=device, min_seconds=args.min_seconds,
+             report=report, path=path, width=55)
     if plot(report, args.out / "external_source.png"):
         print(f"wrote {path} and {path.with_suffix('.png')}")
     else:

@@ -28,17 +28,14 @@ error) and ``loader_formats.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks import usage_error
-from benchmarks.classification_loaders import _consume
+from benchmarks.loader_rows import environment, run_rows
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.sources import resolve_source
@@ -98,10 +95,6 @@ def _multilabel_torch_loader(source, *, batch_size: int, workers: int, crop: int
 
 def _mean_kib(files) -> float:
     return sum(os.path.getsize(f) for f in files) / len(files) / 1024
-
-
-def _write(path: Path, report: dict) -> None:
-    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def plot(report: dict, png: Path) -> bool:
@@ -179,13 +172,7 @@ def main(args: argparse.Namespace) -> dict:
                         lambda: _multilabel_torch_loader(multilabel, batch_size=bs, workers=workers, crop=crop)))
 
     report = {
-        "benchmark": "loader_formats",
-        "command": " ".join(["python", "-m", "benchmarks.loader_formats", *sys.argv[1:]]),
-        "device": torch.cuda.get_device_name(device) if gpu else platform.processor() or "cpu",
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "dali": __import__("nvidia.dali").dali.__version__,
+        **environment("loader_formats", device),
         "size": args.size,
         "dataset": dataset,
         "batch_size": bs,
@@ -197,17 +184,7 @@ def main(args: argparse.Namespace) -> dict:
         "results": [],
     }
     path = args.out / "loader_formats.json"
-    for row, make in configs:
-        try:  # one failing configuration is recorded with its error; the others still run
-            loader = make()
-            row.update(_consume(loader, device, min_seconds=args.min_seconds))
-            print(f"{row['name']:66s} {row['img_s']:9,.0f} img/s", flush=True)
-            del loader
-        except Exception as e:  # reported in the JSON
-            row["error"] = f"{type(e).__name__}: {e}"
-            print(f"{row['name']:66s} FAILED: {row['error']}", flush=True)
-        report["results"].append(row)
-        _write(path, report)
+    run_rows(configs, device=device, min_seconds=args.min_seconds, report=report, path=path, width=66)
     if plot(report, args.out / "loader_formats.png"):
         print(f"wrote {path} and {path.with_suffix('.png')}")
     else:

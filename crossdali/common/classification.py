@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crossdali.common.check.records import MAX_LABEL_DIGITS, MAX_LABEL_TEXT_BYTES
+from crossdali.common.check.records import MAX_LABEL_TEXT_BYTES
 from crossdali.common.options import PipelineOptions
 from crossdali.common.sources import (
     TFRECORD_IMAGE_KEY,
@@ -117,29 +117,24 @@ def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
     return jpegs, fn.cast(labels, dtype=types.INT64)
 
 
-def decimal_text_to_int(text, *, max_digits: int = MAX_LABEL_DIGITS, max_bytes: int = MAX_LABEL_TEXT_BYTES):
+def decimal_text_to_int(text, *, max_bytes: int = MAX_LABEL_TEXT_BYTES):
     """The integer written as decimal text in ``text`` (uint8 bytes, e.g. WebDataset's ``.cls``
     ``b"12\\n"``), as int64 of shape (1,). Equal to ``int(text)`` for every text that ``crossdali
-    check`` accepts: 1 to ``max_digits`` ASCII digits with optional whitespace around them
+    check`` accepts: 1 to 12 (``check.records.MAX_LABEL_DIGITS``) ASCII digits with optional whitespace around them
     (``b"7"``, ``b"0042\\r\\n"``, ``b" 345 "``), at most ``max_bytes`` bytes in all. Anything else
     gives some number without an error (no digit: 0). Written by hand: DALI has no string-to-number
     operator, and parsing after the iterator would put the same code in every framework's wrapper.
 
     Vectorised over the first ``max_bytes`` bytes (spaces past the end): each digit's value by a
     lookup table, times 10 to the power of its distance from the last digit (that distance is the
-    number of digits after it, as the checker allows no gap between digits), summed. About 12 CPU
-    operators a sample; the Horner loop over the characters that this replaces ran about 120 and
-    cost more than the tar reading itself: on the H100 machine the GPU pipeline read the same 8,195
-    JPEGs at 19,304 img/s from files but 5,114 img/s from WebDataset shards, and on this project's
-    2-core CPU machine (readers.webdataset of the small sample set, batch 256, 2 threads, same
-    process, 30 batches after 3 warm-up, four runs) the reader alone ran 72,000-128,000 samples/s,
-    with the Horner parse 4,600-7,400 and with this one 40,000-45,000. ``max_digits`` is the
-    checker's limit, kept for callers; the int64 sum itself would hold up to 18 digits."""
+    number of digits after it, as the checker allows no gap between digits), summed: about 12 CPU
+    operators a sample. The Horner loop over the characters that this replaces ran about 120 and
+    cost more than the tar reading itself (``python -m benchmarks.loader_formats`` on the H100:
+    WebDataset shards 5,114 img/s with it, 20,911 with this, the same JPEGs as files 19,018)."""
     import numpy as np
     import nvidia.dali.math as dmath
     from nvidia.dali import fn, types
 
-    del max_digits  # enforced by the checker (crossdali.common.check.records.webdataset_image)
     chars = fn.slice(text, 0, max_bytes, axes=[0], out_of_bounds_policy="pad", fill_values=32)  # space-padded
     keys = list(range(ord("0"), ord("9") + 1))
     is_digit = fn.lookup_table(chars, keys=keys, values=[1.0] * 10, dtype=types.INT64)  # other bytes: 0
