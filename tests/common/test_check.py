@@ -146,3 +146,26 @@ def test_explain_names_the_file_dali_named_or_finds_it(tmp_path, tiny_classifica
     assert isinstance(found, DataError) and "nodqt.jpg cannot be decoded" in str(found)
     other = ValueError("not about data")
     assert explain_files_failure(other, files=files, where="x") is other
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "CMYK"])
+@pytest.mark.parametrize("progressive", [False, True])
+def test_jpeg_header_without_pillow_reads_what_pillow_reads(mode, progressive):
+    """Whole JPEGs skip Pillow in the fast pass (the marker walk has format, size and components):
+    the answer must be Pillow's, for each component count and for progressive files."""
+    import io
+
+    from PIL import Image
+
+    from crossdali.common.check.images import inspect_image
+
+    buf = io.BytesIO()
+    Image.new(mode, (37, 23), color=(90,) * len(mode)).save(buf, "JPEG", progressive=progressive, quality=80)
+    data = buf.getvalue()
+    with Image.open(io.BytesIO(data)) as img:
+        expected = (img.format, img.width, img.height, img.mode)
+    info = inspect_image(data, extension=".jpg")
+    assert (info.format, info.width, info.height, info.mode) == expected
+    assert info.problems == []
+    assert [code for code, _ in inspect_image(data, extension=".png").problems] == ["misnamed"]
+    assert [code for code, _ in inspect_image(data[:-200], extension=".jpg").problems] == ["truncated"]

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from crossdali.common.check.images import DEFAULT_MAX_PIXELS
-from crossdali.common.train_args import non_negative_int
+from crossdali.common.train_args import non_negative_int, positive_int
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -31,11 +31,13 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--split", action="append", dest="splits", help="check only this split (repeatable)")
     parser.add_argument("--clip-len", type=int, default=8, help="video: frames per clip (shorter files are bad)")
     parser.add_argument("--frame-stride", type=int, default=1, help="video: stride between a clip's frames")
-    parser.add_argument("-j", "--workers", type=int, default=4, help="reader threads and DALI threads")
+    parser.add_argument("-j", "--workers", type=positive_int, default=None,
+                        help="reader threads and DALI threads (default: every core, up to 16)")
     parser.add_argument("--processes", type=non_negative_int, default=None,
                         help="processes reading image headers (default: half the cores for 4,096 files or more on "
                              "more than 4 cores, else none: threads only)")
-    parser.add_argument("-b", "--batch-size", type=int, default=32, help="samples per DALI batch in the full pass")
+    parser.add_argument("-b", "--batch-size", type=positive_int, default=None,
+                        help="samples per DALI batch in the full pass (default: 64 on a GPU, 32 on the CPU)")
     parser.add_argument("--output-dir", "--out", type=Path, default=Path("check"),
                         help="where report.json and exclude.txt go (default: ./check)")
     parser.add_argument("--no-cache", action="store_true", help="check everything again, ignoring the cache")

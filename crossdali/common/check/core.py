@@ -89,6 +89,19 @@ class CheckSettings:
             self.progress(n)
 
 
+def default_threads() -> int:
+    """Header-reading and DALI threads when the user gives none: every core, up to 16 (the H100
+    machine's; more threads than cores only contend)."""
+    return max(1, min(os.cpu_count() or 1, 16))
+
+
+def default_batch_size(device: str) -> int:
+    """Samples per DALI batch in the full pass when the user gives none: 64 on a GPU, where the
+    decoder works through a batch at once, 32 on the CPU (two batches of 12-megapixel photos in
+    flight stay near 2 GB of decoded pixels there)."""
+    return 64 if device == "gpu" else 32
+
+
 def resolve_device(device: str) -> str:
     """``auto``: the GPU when DALI sees one (training decodes there), else the CPU."""
     if device == "auto":
@@ -167,6 +180,11 @@ def _inspect_many(paths: list[str]) -> list[tuple[dict, bool]]:
     return [_inspect_one(path) for path in paths]
 
 
+#: Files whose headers may be read ahead of the one the full pass decodes (their results, about 200
+#: bytes each, wait in memory); benchmarks.check_speed --read-ahead varies it.
+HEADER_READ_AHEAD = 8192
+
+
 def _bounded_map(pool: Executor, fn: Callable, items: Iterable, window: int) -> Iterator:
     """``pool.map(fn, items)`` with at most ``window`` items in flight: ``Executor.map`` submits
     everything at once, and the full pass would then hold every file of the data set in memory."""
@@ -221,8 +239,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         processes = settings.inspect_processes(len(need))
         if not processes:
             with ThreadPoolExecutor(max(1, settings.threads)) as threads:
-                window = 4 * max(settings.batch_size, 64) * max(1, settings.threads)
-                yield from _bounded_map(threads, _inspect_one, need, window)
+                yield from _bounded_map(threads, _inspect_one, need, HEADER_READ_AHEAD)
             return
         # In worker processes, a chunk each. Forked (a spawned worker re-runs a user script that
         # lacks the `if __name__ == "__main__"` guard): the pool starts before this call builds its
@@ -230,7 +247,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         chunks = [need[i:i + 256] for i in range(0, len(need), 256)]
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(method)) as pool:
-            for results in _bounded_map(pool, _inspect_many, chunks, 4 * processes):
+            for results in _bounded_map(pool, _inspect_many, chunks, max(2 * processes, HEADER_READ_AHEAD // 256)):
                 yield from results
 
     decoded: list[str] = []
@@ -273,15 +290,18 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         for _ in to_decode():
             pass
     problems = []
-    for path in files:
-        sid = sample_id(path, root, absolute=absolute[path])
+    for path in files:  # sample ids only for the files with a problem (a million files: seconds)
         info = infos[path]
+        too_large = _size_problem(info.pixels, info.width, info.height, settings) if info.format else None
+        found_before = not full_depth and full.get(path)  # a full pass found more: still true
+        if not (info.problems or too_large or found_before):
+            continue
+        sid = sample_id(path, root, absolute=absolute[path])
         for code, text in info.problems:
             problems.append(_problem(sid, path, code, text))
-        too_large = _size_problem(info.pixels, info.width, info.height, settings) if info.format else None
         if too_large:
             problems.append(_problem(sid, path, "too-large", too_large))
-        if not full_depth and full.get(path):  # a full pass found more: still true
+        if found_before:
             problems.append(_problem(sid, path, *full[path], depth="full"))
     if full_depth:
         for path in files:

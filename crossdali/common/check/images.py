@@ -35,6 +35,8 @@ _TEXT_STARTS = (b"<", b"{", b"[", b"\xef\xbb\xbf<", b"%PDF")
 # SOFn, DHT, DAC, SOS, DQT, DNL, DRI, DHP, EXP, APPn, COM, EOI.
 _AFTER_SCAN_OK = set(range(0xC0, 0xD0)) | {0xD9, 0xDA, 0xDB, 0xDC, 0xDD, 0xDE, 0xDF} | set(range(0xE0, 0xF0)) | {0xFE}
 _SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Pillow's mode of a JPEG by its frame's component count (it refuses other counts)
+_JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 # a marker inside entropy-coded data: 0xFF not followed by a stuffed 0x00, an RSTn or a fill 0xFF
 _SCAN_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
@@ -63,8 +65,9 @@ class ImageInfo:
                    problems=[tuple(p) for p in d["problems"]])
 
 
-def _jpeg_walk(data: bytes) -> tuple[tuple[int, int] | None, str | None]:
-    """(width, height) from the first SOF, and what is wrong with the marker structure (or None)."""
+def _jpeg_walk(data: bytes) -> tuple[tuple[int, int, int] | None, str | None]:
+    """(width, height, components) from the first SOF, and what is wrong with the marker structure
+    (or None)."""
     size, pos, n = None, 2, len(data)
     while True:
         if pos + 2 > n:
@@ -88,9 +91,9 @@ def _jpeg_walk(data: bytes) -> tuple[tuple[int, int] | None, str | None]:
             return size, f"has a segment of impossible length {length} at byte {pos} (corrupt)"
         if pos + length > n:
             return size, f"ends after {n} bytes inside a segment that needs {pos + length} (truncated)"
-        if marker in _SOF and size is None and length >= 7:
-            h, w = struct.unpack_from(">HH", data, pos + 3)
-            size = (w, h)
+        if marker in _SOF and size is None and length >= 8:
+            h, w, components = struct.unpack_from(">HHB", data, pos + 3)
+            size = (w, h, components)
         pos += length
         if marker == 0xDA:  # entropy-coded data runs to the next real marker
             found = _next_marker(data, pos)
@@ -136,7 +139,8 @@ def _png_walk(data: bytes) -> str | None:
 
 def _bomb_size(data: bytes, error: Exception) -> tuple[int, int] | None:
     if data.startswith(b"\xff\xd8"):
-        return _jpeg_walk(data)[0]
+        sof = _jpeg_walk(data)[0]
+        return sof[:2] if sof else None
     m = re.search(r"\((\d+) pixels\)", str(error))
     return (int(m.group(1)), 1) if m else None
 
@@ -154,6 +158,11 @@ def inspect_image(data: bytes, *, extension: str | None = None) -> ImageInfo:
     if not data:
         info.problems.append(("empty", "is empty (0 bytes)"))
         return info
+    if data.startswith(b"\xff\xd8"):  # a whole JPEG with a frame header needs no Pillow: the walk has
+        sof, problem = _jpeg_walk(data)  # it all (Pillow's header parse took 100 of 184 us a file on the bench set)
+        if problem is None and sof is not None and sof[0] > 0 and sof[1] > 0 and sof[2] in _JPEG_MODES:
+            info.format, info.width, info.height, info.mode = "JPEG", sof[0], sof[1], _JPEG_MODES[sof[2]]
+            return _check_extension(info, extension)
     try:
         with Image.open(io.BytesIO(data)) as img:
             info.format, (info.width, info.height), info.mode = img.format, img.size, img.mode
@@ -188,6 +197,11 @@ def inspect_image(data: bytes, *, extension: str | None = None) -> ImageInfo:
         problem = _png_walk(data)
         if problem:
             info.problems.append(("truncated" if "truncated" in problem else "corrupt", problem))
+    return _check_extension(info, extension)
+
+
+def _check_extension(info: ImageInfo, extension: str | None) -> ImageInfo:
+    """``info`` with a ``misnamed`` problem when ``extension`` promises another format."""
     if extension is not None:
         promised = EXTENSION_FORMATS.get(extension.lower())
         if promised is not None and promised != info.format:

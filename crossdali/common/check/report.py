@@ -16,6 +16,8 @@ from crossdali.common.check.core import (
     Problem,
     check_image_files,
     check_record_files,
+    default_batch_size,
+    default_threads,
     problems_error,
     resolve_device,
     sample_id,
@@ -261,12 +263,15 @@ def _count(source) -> int:
 
 
 def check_data(data: str | os.PathLike, *, depth: str = "fast", device: str = "auto", max_pixels: int | None = None,
-               splits: Iterable[str] | None = None, threads: int = 4, batch_size: int = 32,
+               splits: Iterable[str] | None = None, threads: int | None = None, batch_size: int | None = None,
                cache_dir: str | None = None, use_cache: bool = True, progress: bool = False,
                transform=None, processes: int | None = None) -> Report:
     """Check every split and format found under ``data`` (see ``discover``); returns the ``Report``.
-    ``processes``: header-inspecting processes for image files (``None``: ``CheckSettings``' default)."""
+    ``processes``: header-inspecting processes for image files (``None``: ``CheckSettings``' default);
+    ``threads``, ``batch_size``: ``None`` for ``default_threads()``, ``default_batch_size(device)``."""
     device = resolve_device(device)
+    threads = default_threads() if threads is None else threads
+    batch_size = default_batch_size(device) if batch_size is None else batch_size
     settings = CheckSettings(depth=depth, device=device, threads=threads, batch_size=batch_size, cache_dir=cache_dir,
                              use_cache=use_cache, processes=processes,
                              **({"max_pixels": max_pixels} if max_pixels else {}))
