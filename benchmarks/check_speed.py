@@ -12,7 +12,8 @@ which is what the check's timing includes too (it builds its own decoder). Both 
 are also timed alone, so the JSON gives each side's rate after its build too: on the 8,195-file
 bench set the GPU build (about 1.75 s on the H100) is longer than the decoding, and ``--copies N``
 checks N symbolic-link copies of the set (N times the files, a data set closer to a real one's
-size, page-cached). The cache is off for every timed pass. Writes ``check_speed.json`` and
+size, page-cached). "full pass decoder alone" is the full pass's decoder over the same files with no
+header reading beside it (what the header work costs). The cache is off for every timed pass. Writes ``check_speed.json`` and
 ``check_speed.png`` under ``--out``.
 """
 
@@ -45,6 +46,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="samples per pipelined decode chunk (default: the checker's, per device)")
     parser.add_argument("--depth", type=int, default=None,
                         help="batches in flight in the full pass (default: the checker's, per device)")
+    parser.add_argument("--read-ahead", type=int, default=None,
+                        help="files whose headers may be read ahead of the decoder (default: the checker's)")
     parser.add_argument("--copies", type=int, default=1,
                         help="check and load N symbolic-link copies of every file (a larger data set)")
     parser.add_argument("--hw-decoder-load", type=float, default=None,
@@ -119,6 +122,7 @@ def _timed(fn, repeats: int) -> float:
 
 
 def main(args: argparse.Namespace) -> dict:
+    from crossdali.common.check import core as core_module
     from crossdali.common.check.core import CheckSettings, check_image_files
     from crossdali.common.sources import scan_image_folder
 
@@ -130,6 +134,8 @@ def main(args: argparse.Namespace) -> dict:
         decode.CHUNK_SAMPLES[args.device] = args.chunk
     if args.depth:
         decode.PIPELINE_DEPTH[args.device] = args.depth
+    if args.read_ahead:
+        core_module.HEADER_READ_AHEAD = args.read_ahead
     if args.hw_decoder_load is not None:
         decode.GPU_DECODER_ARGS["hw_decoder_load"] = args.hw_decoder_load
     if args.data is None:
@@ -147,6 +153,11 @@ def main(args: argparse.Namespace) -> dict:
                                  use_cache=False, processes=args.processes)
         seconds = _timed(lambda s=settings: check_image_files(files, root=args.data, settings=s), args.repeats)
         rows[f"check {depth}"] = len(files) / seconds
+    # The full pass's decoder alone on the same files, no header inspection beside it: what the
+    # full pass would reach if reading headers cost the main thread nothing.
+    rows["full pass decoder alone"] = len(files) / _timed(
+        lambda: decode.decode_files(files, device=args.device, batch_size=args.batch_size, threads=args.workers),
+        args.repeats)
     full_seconds = len(files) / rows["check full"]
     if args.profile:
         _profile_full_pass(files, args, settings, args.out / "check_full_profile.txt")
@@ -165,6 +176,7 @@ def main(args: argparse.Namespace) -> dict:
         "cpu_count": os.cpu_count(), "files_per_s": {k: round(v, 1) for k, v in rows.items()},
         "chunk_samples": decode.CHUNK_SAMPLES[args.device],
         "pipeline_depth": decode.PIPELINE_DEPTH[args.device],
+        "header_read_ahead": core_module.HEADER_READ_AHEAD,
         "inspect_processes": settings.inspect_processes(len(files)),
         "full_pass_vs_loader": round(rows["check full"] / rows["loader decode"], 3),
         "full_pass_vs_loader_epoch": round(rows["check full"] / rows["loader epoch incl. build"], 3),
@@ -183,7 +195,8 @@ def main(args: argparse.Namespace) -> dict:
 
 
 def _profile_full_pass(files: list[str], args: argparse.Namespace, settings, path: Path) -> None:
-    """One untimed full pass under cProfile; the 40 functions with the most own time, as text."""
+    """One untimed full pass under cProfile (main thread only); the 40 functions with the most own
+    time and the 30 with the most cumulative time, as text."""
     import cProfile
     import io
     import pstats
@@ -194,6 +207,7 @@ def _profile_full_pass(files: list[str], args: argparse.Namespace, settings, pat
     profiler.runcall(check_image_files, files, root=args.data, settings=settings)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text.getvalue())
 
@@ -201,7 +215,7 @@ def _profile_full_pass(files: list[str], args: argparse.Namespace, settings, pat
 def _plot(result: dict, path: Path) -> None:
     names, values = list(result["files_per_s"]), list(result["files_per_s"].values())
     bar_png(path, names, values, width=7, headroom=1.3, labels=[f"{v:,.0f}" for v in values],
-            colors=["tab:green", "tab:orange", "tab:blue", "tab:cyan"], xlabel="files/s (higher is better)",
+            colors=["tab:green", "tab:orange", "tab:olive", "tab:blue", "tab:cyan"], xlabel="files/s (higher is better)",
             title=f"crossdali check, {result['files']} JPEGs, {result['device']}, {result['workers']} threads")
 
 

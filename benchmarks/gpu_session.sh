@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|formats|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|formats|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -76,6 +76,35 @@ case $phase in
     step check_x8_d2 100 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --out "$out/check_x8_d2"
     step check_x8_d4 100 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --depth 4 \
       --out "$out/check_x8_d4" ;;
+  checkprof)  # where the full pass's time goes on 65,560 files: a cProfile of the main thread, the
+    # decoder alone beside the whole pass; 4 header processes instead of 8; the CLI's old defaults (-j 4 -b 32)
+    step check_gpu_tests 120 "$py" -m pytest tests/common/test_check_decode.py -m gpu -rA -p no:cacheprovider -q
+    step bench_set 200 "$py" -m crossdali.common.sample_data --kind classification --size bench --formats imagefolder
+    step check_x8_prof 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --profile \
+      --out "$out/check_x8_prof"
+    step check_x8_p4 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 --processes 4 \
+      --out "$out/check_x8_p4"
+    step check_x8_j4_b32 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 -j 4 -b 32 \
+      --out "$out/check_x8_j4_b32" ;;
+  checkab)  # this tree's checker beside an older one's in the same run, alternating, 65,560 files each; BASELINE:
+    # a folder holding the older crossdali/ and benchmarks/ (git archive REV crossdali benchmarks | tar x -C DIR)
+    base=${BASELINE:?checkab needs BASELINE=DIR}; abs_out=$(cd "$out" && pwd)
+    step check_gpu_tests 120 "$py" -m pytest tests/common/test_check_decode.py -m gpu -rA -p no:cacheprovider -q
+    step bench_set 200 "$py" -m crossdali.common.sample_data --kind classification --size bench --formats imagefolder
+    for run in 1 2; do
+      step "check_x8_base_$run" 150 bash -c "cd '$base' && PYTHONPATH=\$PWD:\$PYTHONPATH '$py' -m benchmarks.check_speed \
+        --size bench --device gpu --copies 8 --out '$abs_out/check_x8_base_$run'"
+      step "check_x8_new_$run" 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
+        --out "$out/check_x8_new_$run"
+    done ;;
+  checkahead)  # the full pass on 65,560 files with headers read at most 8,192 (default) or 65,536 files ahead, alternating
+    step bench_set 200 "$py" -m crossdali.common.sample_data --kind classification --size bench --formats imagefolder
+    for run in 1 2; do
+      for ahead in 8192 65536; do
+        step "check_x8_ahead${ahead}_$run" 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
+          --read-ahead "$ahead" --out "$out/check_x8_ahead${ahead}_$run"
+      done
+    done ;;
   formats)  # issue 13's loaders on the GPU: a Squirrel store through external_source (against Squirrel's own
     # PyTorch path), WebDataset shards and a multi-label list (against torchvision's DataLoader); needs
     # squirrel-core staged (../shared/gpu/stage-dali squirrel-core==0.20.2 msgpack msgpack-numpy more-itertools tqdm)
@@ -85,5 +114,5 @@ case $phase in
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)
-    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, checkdepth, formats or pack)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, checkdepth, checkprof, checkab, checkahead, formats or pack)" >&2; exit 2 ;;
 esac
