@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from crossdali.common.check import records as rec_io
 from crossdali.common.check.cache import CheckCache, file_signature
 from crossdali.common.check.decode import decode_files, decode_samples, gpu_available
-from crossdali.common.check.header_workers import inspect_in_processes
 from crossdali.common.check.images import DEFAULT_MAX_PIXELS, ImageInfo, inspect_image
 
 __all__ = ["CheckSettings", "Problem", "check_image_files", "check_record_files", "sample_id", "problems_error",
@@ -175,9 +175,13 @@ def _inspect_one(path: str) -> tuple[dict, bool]:
     return inspect_image(data, extension=os.path.splitext(path)[1]).to_json(), True
 
 
-#: Files whose headers reading threads may have read ahead of the one the full pass decodes (their
-#: results, about 200 bytes each, wait in memory); benchmarks.check_speed --read-ahead varies it.
-#: Header processes (many cores) read all of theirs ahead, into 40 bytes a file of shared memory.
+def _inspect_many(paths: list[str]) -> list[tuple[dict, bool]]:
+    """In a worker process: :func:`_inspect_one` of each file."""
+    return [_inspect_one(path) for path in paths]
+
+
+#: Files whose headers may be read ahead of the one the full pass decodes (their results, about 200
+#: bytes each, wait in memory); benchmarks.check_speed --read-ahead varies it.
 HEADER_READ_AHEAD = 8192
 
 
@@ -237,8 +241,14 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
             with ThreadPoolExecutor(max(1, settings.threads)) as threads:
                 yield from _bounded_map(threads, _inspect_one, need, HEADER_READ_AHEAD)
             return
-        # In worker processes that read ahead without waiting for this one (check.header_workers)
-        yield from inspect_in_processes(need, processes, _inspect_one)
+        # In worker processes, a chunk each. Forked (a spawned worker re-runs a user script that
+        # lacks the `if __name__ == "__main__"` guard): the pool starts before this call builds its
+        # decoder, and crossdali.common.fork_safety keeps dead pipelines out of the children.
+        chunks = [need[i:i + 256] for i in range(0, len(need), 256)]
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(method)) as pool:
+            for results in _bounded_map(pool, _inspect_many, chunks, max(2 * processes, HEADER_READ_AHEAD // 256)):
+                yield from results
 
     decoded: list[str] = []
     # Files refused from their header are counted on the progress bar with the next decoded chunk:
