@@ -36,7 +36,11 @@ def val_stats(*, loss_sum: float, correct1: float, correct5: float, seen: int, n
 
 
 def format_test_line(stats: dict[str, float]) -> str:
-    """``test: val loss 0.9 top1 56.2 top5 90.1 over 55 samples`` (``--test-only``)."""
+    """``test: val loss 0.9 top1 56.2 top5 90.1 over 55 samples`` (``--test-only``; multi-label:
+    ``test: val loss 0.2 mAP 61.0 F1 40.3 over 55 samples``)."""
+    if "val_f1" in stats:
+        return (f"test: val loss {stats['val_loss']:.4f} mAP {stats['val_map']:.2f} F1 {stats['val_f1']:.2f} "
+                f"over {stats['val_samples']} samples")
     top5 = f" top5 {stats['val_top5']:.2f}" if "val_top5" in stats else ""
     return (f"test: val loss {stats['val_loss']:.4f} top1 {stats['val_top1']:.2f}{top5} "
             f"over {stats['val_samples']} samples")

@@ -30,7 +30,8 @@ from sklearn.metrics import average_precision_score, f1_score
 from crossdali.common.check.exclude import Exclusions, load_exclusions
 from crossdali.common.sources import DataError, validate_files
 
-__all__ = ["MultiLabelSource", "read_multilabel_list", "multilabel_metrics"]
+__all__ = ["MultiLabelSource", "multilabel_loader_args", "multilabel_metrics", "read_multilabel_list",
+           "resolve_multilabel_source", "resolve_multilabel_splits"]
 
 log = logging.getLogger(__name__)
 
@@ -158,3 +159,50 @@ def multilabel_metrics(scores: np.ndarray, targets: np.ndarray, *, threshold: fl
     f1 = f1_score(targets, scores >= threshold, average="macro", zero_division=0)
     return {"map": 100 * float(np.mean(ap)) if len(ap) else 0.0, "f1": 100 * float(f1),
             "classes_scored": int(present.sum())}
+
+
+def resolve_multilabel_source(data: str | Path, split: str, *, validate: bool = True, exclude=None,
+                              classes: tuple[str, ...] | None = None) -> MultiLabelSource:
+    """``data/<split>.txt`` or ``data/<split>.csv`` (or ``data`` itself when it is a list file).
+    ``classes``: the label order to use (pass the train split's to val, which may lack a class)."""
+    data = Path(data)
+    kwargs = dict(validate=validate, exclude=exclude, classes=classes)
+    if data.is_file():
+        return read_multilabel_list(data, **kwargs)
+    for name in (f"{split}.txt", f"{split}.csv"):
+        if (data / name).is_file():
+            return read_multilabel_list(data / name, **kwargs)
+    raise DataError(f"no multi-label {split} list in {data}: expected {data / (split + '.txt')} or "
+                    f"{data / (split + '.csv')} ('<image path> <label> <label> ...' per line)")
+
+
+def multilabel_loader_args(data, *, train: bool, py_workers: int, exclude=None) -> tuple[MultiLabelSource, dict]:
+    """The source of a split of a multi-label list (``data``: a folder, a list file or a
+    ``MultiLabelSource``) and the arguments every framework's ``create_external_source_loader``
+    takes for it besides the transform's: multi-hot labels, the class count, DALI's Python workers."""
+    from crossdali.common.external import ExternalSourceOptions
+
+    source = data if isinstance(data, MultiLabelSource) else \
+        resolve_multilabel_source(data, "train" if train else "val", exclude=exclude)
+    # spawn, not fork: measured here, a train and a val loader forking their workers in one process
+    # (each fork copies the other pool's locks mid-use) hung in DALI's worker queue within an epoch
+    feed = ExternalSourceOptions(parallel=py_workers > 0, py_workers=max(1, py_workers), py_start_method="spawn")
+    return source, {"multi_label": True, "num_classes": source.num_classes, "name": repr(source), "feed": feed}
+
+
+def resolve_multilabel_splits(args, data: str | Path, backend: str) -> tuple[MultiLabelSource, MultiLabelSource]:
+    """The train and val lists of a training script's ``--multi-label`` run (``args``: its flags),
+    val in train's label order; a flag that cannot work is a ``UsageError`` naming it."""
+    from crossdali.common.script import UsageError
+
+    if backend not in ("dali-cpu", "dali-gpu"):
+        raise UsageError(f"--multi-label reads its lists through DALI: use --data-backend dali-cpu or dali-gpu, "
+                         f"not {backend}")
+    check = dict(exclude=args.exclude, validate=not args.skip_check)
+    train = resolve_multilabel_source(data, "train", **check)
+    # val in the train split's label order: a class that val happens to lack must not shift the others
+    val = resolve_multilabel_source(data, "val", classes=train.classes, **check)
+    if args.num_classes and args.num_classes != train.num_classes:
+        raise UsageError(f"--num-classes {args.num_classes} but {train.list_path} has {train.num_classes} "
+                         "classes; leave --num-classes out")
+    return train, val

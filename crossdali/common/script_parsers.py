@@ -56,6 +56,13 @@ def _ssd_backbones() -> list[str]:
     return [m for m in _torchvision_classifiers() if m.startswith(("resnet", "resnext", "wide_resnet"))]
 
 
+def add_multi_label_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--multi-label", action="store_true",
+                        help="several labels per image from list files (--data holding train.txt and val.txt: "
+                             "'<image> <label> <label> ...' per line; default: the multi-label sample set): "
+                             "sigmoid + binary cross-entropy, val mAP and macro F1; DALI backends only")
+
+
 def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser = create_parser("crossdali PyTorch classification training", add_help=add_help)
     add_classification_data_args(
@@ -64,10 +71,7 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
         arch_help="torchvision classification model", workers_help="DALI threads or DataLoader workers per process")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, channels_last=True, checkpoint_every=True, run_dir=True,
                  debug=True, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
-    parser.add_argument("--multi-label", action="store_true",
-                        help="several labels per image from list files (--data holding train.txt and val.txt: "
-                             "'<image> <label> <label> ...' per line; default: the multi-label sample set): "
-                             "sigmoid + binary cross-entropy, val mAP and macro F1; DALI backends only")
+    add_multi_label_arg(parser)
     return parser
 
 
@@ -104,6 +108,7 @@ def jax_classification(add_help: bool = True) -> argparse.ArgumentParser:
                  checkpoint_every_help=f"accepted for the PyTorch script's command lines; the JAX script saves "
                                        f"{JAX_CHECKPOINT} at epoch ends only",
                  debug=True, run_dir=True, resume_help=f"{JAX_CHECKPOINT} (or its folder) to resume from")
+    add_multi_label_arg(parser)
     return parser
 
 

@@ -10,6 +10,10 @@ msgpack file) holds the weights, the optimizer state and the train loader's DALI
 ``--resume`` continues the very data stream the run would have seen. ``checkpoint_best.msgpack``
 is a copy of it from the epoch of the best val top-1, with ``checkpoint_best.json`` beside it
 (class names, arch, epoch, val top-1 and the full config).
+
+``--multi-label`` trains on a multi-label list (``train.txt``/``val.txt``; without ``--data`` the
+multi-label sample set) with sigmoid + binary cross-entropy, val mAP and macro F1 (the best
+checkpoint by mAP), as the PyTorch script does.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 import flax.serialization
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax.training import train_state
 
@@ -42,7 +47,7 @@ from crossdali.common.runs import (
     open_metrics,
     write_json,
 )
-from crossdali.common.sample_data import ensure_classification
+from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
@@ -67,12 +72,15 @@ class TrainState(train_state.TrainState):
     batch_stats: Any
 
 
-def make_steps(model, *, num_classes: int, label_smoothing: float):
-    """The jitted train step (state donated: updated in place) and eval step (sums over the batch)."""
+def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: bool = False):
+    """The jitted train step (state donated: updated in place) and eval step (sums over the batch;
+    multi-label: the summed loss and the sigmoid scores, for mAP over the whole val set)."""
 
     def loss_fn(params, batch_stats, images, labels):
         logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, images, train=True,
                                       mutable=["batch_stats"])
+        if multi_label:  # one sigmoid per class (PyTorch's BCEWithLogitsLoss: the mean over every element)
+            return optax.sigmoid_binary_cross_entropy(logits, labels).mean(), updates["batch_stats"]
         targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
         return optax.softmax_cross_entropy(logits, targets).mean(), updates["batch_stats"]
 
@@ -85,6 +93,8 @@ def make_steps(model, *, num_classes: int, label_smoothing: float):
     @jax.jit
     def eval_step(state: TrainState, images, labels):
         logits = model.apply({"params": state.params, "batch_stats": state.batch_stats}, images, train=False)
+        if multi_label:
+            return optax.sigmoid_binary_cross_entropy(logits, labels).mean(axis=1).sum(), jax.nn.sigmoid(logits)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
         top = jax.lax.top_k(logits, min(5, num_classes))[1]
         return loss, (top[:, 0] == labels).sum(), (top == labels[:, None]).any(axis=1).sum()
@@ -134,9 +144,44 @@ def evaluate(eval_step, state: TrainState, loader, *, device, num_classes: int) 
                      num_classes=num_classes) | {"eval_seconds": time.perf_counter() - start}
 
 
+def evaluate_multilabel(eval_step, state: TrainState, loader, *, device) -> dict[str, float]:
+    """Binary cross-entropy, mAP and macro F1 (sigmoid >= 0.5) over every val sample
+    (``crossdali.common.multilabel.multilabel_metrics``, as the PyTorch script)."""
+    from crossdali.common.multilabel import multilabel_metrics
+
+    loss_sum, scores, targets, seen = 0.0, [], [], 0
+    start = time.perf_counter()
+    for images, labels in loader:
+        loss, score = eval_step(state, *jax.device_put((images, labels), device))
+        loss_sum, seen = loss_sum + float(loss), seen + int(images.shape[0])
+        scores.append(np.asarray(score))
+        targets.append(np.asarray(labels))
+    stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": seen, "eval_seconds": time.perf_counter() - start}
+    if not seen:
+        return stats
+    found = multilabel_metrics(np.concatenate(scores), np.concatenate(targets))
+    return stats | {"val_map": found["map"], "val_f1": found["f1"]}
+
+
+def load_multilabel_data(args, backend: str):
+    """``load_data`` for ``--multi-label``: list files through the external-source loader."""
+    from crossdali.common.multilabel import resolve_multilabel_splits
+    from crossdali.jax.multilabel import create_multilabel_loader
+
+    data = args.data if args.data is not None else ensure_multilabel(size=args.sample_size)
+    train_src, val_src = resolve_multilabel_splits(args, data, backend)
+    common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
+                  py_workers=max(1, args.workers // 2), seed=args.seed, layout="HWC")
+    train_loader = create_multilabel_loader(train_src, train=True, checkpointing=True, **common)
+    val_loader = create_multilabel_loader(val_src, train=False, **common)
+    return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
+
+
 def load_data(args, backend: str):
     """Train and val loaders over the same dataset (the train loader with DALI checkpointing), and
     the class names."""
+    if args.multi_label:
+        return load_multilabel_data(args, backend)
     data = args.data if args.data is not None else ensure_classification(size=args.sample_size) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, hw_decoder_load=args.hw_decoder_load, layout="HWC")
@@ -202,16 +247,25 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
     run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="jax",
                              arch=args.arch)
-    best = BestCheckpoint(run_dir, meta={"framework": "jax", "arch": args.arch, "num_classes": num_classes,
-                                         "class_names": class_names, "config": args})
+    metric = "val_map" if args.multi_label else "val_top1"
+    best = BestCheckpoint(run_dir, metric=metric,
+                          meta={"framework": "jax", "arch": args.arch, "num_classes": num_classes,
+                                "class_names": class_names, "config": args})
     best.resume(start_epoch)
     metrics = open_metrics(run_dir, continuing=args.resume is not None)
     log.info("outputs: %s", run_dir)
     metrics.write(event="start", task="classification", framework="jax", arch=args.arch, backend=backend, world_size=1,
                   batch_size=args.batch_size, lr=base_lr, epochs=args.epochs, device=str(device))
-    train_step, eval_step = make_steps(model, num_classes=num_classes, label_smoothing=args.label_smoothing)
+    train_step, eval_step = make_steps(model, num_classes=num_classes, label_smoothing=args.label_smoothing,
+                                       multi_label=args.multi_label)
+
+    def validate() -> dict[str, float]:
+        if args.multi_label:
+            return evaluate_multilabel(eval_step, state, val_loader, device=device)
+        return evaluate(eval_step, state, val_loader, device=device, num_classes=num_classes)
+
     if args.test_only:
-        stats = evaluate(eval_step, state, val_loader, device=device, num_classes=num_classes)
+        stats = validate()
         log.info(format_test_line(stats))
         metrics.write(event="test", **stats)
         return stats
@@ -220,7 +274,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     for epoch in range(start_epoch, args.epochs):
         steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=steps_per_epoch, print_freq=args.print_freq)
         state, stats = train_one_epoch(train_step, state, train_loader, device=device, schedule=schedule, steps=steps)
-        stats |= evaluate(eval_step, state, val_loader, device=device, num_classes=num_classes)
+        stats |= validate()
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
         is_best = best.update(epoch + 1, stats)
@@ -232,11 +286,11 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         tmp = run_dir / f".{CHECKPOINT}.partial"
         tmp.write_bytes(flax.serialization.msgpack_serialize(saved))
         tmp.replace(run_dir / CHECKPOINT)
-        write_json(run_dir / "checkpoint.json", checkpoint_meta(**best.meta, epoch=epoch + 1, stats=stats,
+        write_json(run_dir / "checkpoint.json", checkpoint_meta(**best.meta, epoch=epoch + 1, stats=stats, metric=metric,
                                                                 files=[CHECKPOINT]))
         if is_best:
             best.save({".msgpack": run_dir / CHECKPOINT}, epoch=epoch + 1, stats=stats)
-    finish_run(run_dir, metrics=metrics, metric="val_top1")
+    finish_run(run_dir, metrics=metrics, metric=metric)
     metrics.close()
     return stats
 

@@ -10,27 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from crossdali.common.distributed import DistInfo
-from crossdali.common.external import ExternalSourceOptions
-from crossdali.common.multilabel import MultiLabelSource, read_multilabel_list
-from crossdali.common.sources import DataError
+from crossdali.common.multilabel import MultiLabelSource, multilabel_loader_args, resolve_multilabel_source
 from crossdali.pytorch.external import ExternalSourceLoader, create_external_source_loader
 
 __all__ = ["create_multilabel_loader", "resolve_multilabel_source"]
-
-
-def resolve_multilabel_source(data: str | Path, split: str, *, validate: bool = True, exclude=None,
-                              classes: tuple[str, ...] | None = None) -> MultiLabelSource:
-    """``data/<split>.txt`` or ``data/<split>.csv`` (or ``data`` itself when it is a list file).
-    ``classes``: the label order to use (pass the train split's to val, which may lack a class)."""
-    data = Path(data)
-    kwargs = dict(validate=validate, exclude=exclude, classes=classes)
-    if data.is_file():
-        return read_multilabel_list(data, **kwargs)
-    for name in (f"{split}.txt", f"{split}.csv"):
-        if (data / name).is_file():
-            return read_multilabel_list(data / name, **kwargs)
-    raise DataError(f"no multi-label {split} list in {data}: expected {data / (split + '.txt')} or "
-                    f"{data / (split + '.csv')} ('<image path> <label> <label> ...' per line)")
 
 
 def create_multilabel_loader(
@@ -57,12 +40,7 @@ def create_multilabel_loader(
     read in this process); ``workers``: DALI's threads. Every sample once per epoch across the ``dist`` shards, reshuffled
     every training epoch; ``checkpointing`` makes ``state_dict()`` resume mid-epoch.
     """
-    source = data if isinstance(data, MultiLabelSource) else \
-        resolve_multilabel_source(data, "train" if train else "val", exclude=exclude)
+    source, kwargs = multilabel_loader_args(data, train=train, py_workers=py_workers, exclude=exclude)
     return create_external_source_loader(
         source, train=train, backend=backend, batch_size=batch_size, crop_size=crop_size, workers=workers,
-        seed=seed, dist=dist, device_id=device_id, dtype=dtype, checkpointing=checkpointing, multi_label=True,
-        num_classes=source.num_classes, name=repr(source),
-        # spawn, not fork: measured here, a train and a val loader forking their workers in one process
-        # (each fork copies the other pool's locks mid-use) hung in DALI's worker queue within an epoch
-        feed=ExternalSourceOptions(parallel=py_workers > 0, py_workers=max(1, py_workers), py_start_method="spawn"))
+        seed=seed, dist=dist, device_id=device_id, dtype=dtype, checkpointing=checkpointing, **kwargs)

@@ -24,13 +24,15 @@ import torch
 import torchvision
 
 from crossdali.common import script_parsers
+from crossdali.common.metrics import format_test_line
+from crossdali.common.multilabel import resolve_multilabel_splits
 from crossdali.common.sample_data import class_names as sample_class_names
 from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import UsageError, run
 from crossdali.common.sources import resolve_source
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.loaders import create_classification_loader
-from crossdali.pytorch.multilabel import create_multilabel_loader, resolve_multilabel_source
+from crossdali.pytorch.multilabel import create_multilabel_loader
 from crossdali.pytorch.training import (
     MixedPrecision,
     StepTracker,
@@ -83,19 +85,10 @@ def evaluate(model, criterion, loader, *, runtime: Runtime, amp: MixedPrecision,
 
 def load_multilabel_data(args, runtime: Runtime, backend: str):
     """``load_data`` for ``--multi-label``: list files through the external-source loader."""
-    if backend not in ("dali-cpu", "dali-gpu"):
-        raise UsageError(f"--multi-label reads its lists through DALI: use --data-backend dali-cpu or dali-gpu, "
-                         f"not {backend}")
     data = args.data
     if data is None:
         data = build_on_rank0(runtime, lambda: ensure_multilabel(size=args.sample_size))
-    check = dict(exclude=args.exclude, validate=not args.skip_check)
-    train_src = resolve_multilabel_source(data, "train", **check)
-    # val in the train split's label order: a class that val happens to lack must not shift the others
-    val_src = resolve_multilabel_source(data, "val", classes=train_src.classes, **check)
-    if args.num_classes and args.num_classes != train_src.num_classes:
-        raise UsageError(f"--num-classes {args.num_classes} but {train_src.list_path} has {train_src.num_classes} "
-                         "classes; leave --num-classes out")
+    train_src, val_src = resolve_multilabel_splits(args, data, backend)
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   py_workers=max(1, args.workers // 2), seed=args.seed, dist=runtime.dist,
                   device_id=runtime.dist.local_rank)
@@ -161,13 +154,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes,
                          channels_last=args.channels_last, multi_label=args.multi_label)
-        if args.multi_label:
-            log.info("test: val loss %.4f mAP %.2f F1 %.2f over %d samples", stats["val_loss"], stats["val_map"],
-                     stats["val_f1"], stats["val_samples"])
-        else:
-            top5 = f" top5 {stats['val_top5']:.2f}" if "val_top5" in stats else ""
-            log.info("test: val loss %.4f top1 %.2f%s over %d samples", stats["val_loss"], stats["val_top1"], top5,
-                     stats["val_samples"])
+        log.info(format_test_line(stats))
         r.metrics.write(event="test", **stats)
         return stats
 
