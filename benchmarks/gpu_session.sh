@@ -86,12 +86,12 @@ case $phase in
       --out "$out/check_x8_p4"
     step check_x8_j4_b32 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 -j 4 -b 32 \
       --out "$out/check_x8_j4_b32" ;;
-  checkab)  # this tree's checker beside an older one's in the same run, alternating, 65,560 files each; BASELINE:
+  checkab)  # this tree's checker beside an older one's in the same run, alternating ROUNDS times (default 2), 65,560 files each; BASELINE:
     # a folder holding the older crossdali/ and benchmarks/ (git archive REV crossdali benchmarks | tar x -C DIR)
     base=${BASELINE:?checkab needs BASELINE=DIR}; abs_out=$(cd "$out" && pwd)
     step check_gpu_tests 120 "$py" -m pytest tests/common/test_check_decode.py -m gpu -rA -p no:cacheprovider -q
     step bench_set 200 "$py" -m crossdali.common.sample_data --kind classification --size bench --formats imagefolder
-    for run in 1 2; do
+    for run in $(seq "${ROUNDS:-2}"); do
       step "check_x8_base_$run" 150 bash -c "cd '$base' && PYTHONPATH=\$PWD:\$PYTHONPATH '$py' -m benchmarks.check_speed \
         --size bench --device gpu --copies 8 --out '$abs_out/check_x8_base_$run'"
       step "check_x8_new_$run" 150 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \

@@ -113,6 +113,34 @@ def test_cache_makes_a_second_check_skip_unchanged_files(tmp_path, tiny_classifi
     assert resolve_source(root, "val").num_samples == 7
 
 
+@pytest.mark.parametrize("processes", [0, 2])
+def test_unreadable_file_is_named_with_or_without_a_cache(tmp_path, tiny_classification, processes):
+    """A file that cannot be opened is reported whether the cache is empty (the header readers take
+    each file's signature from the open file) or answers for the other files (stat first)."""
+    from crossdali.common.check.core import CheckSettings, check_image_files
+
+    good = sorted((tiny_classification / "imagefolder" / "val").rglob("*.jpg"))[:3]
+    folder = tmp_path / "files"
+    folder.mkdir()
+    files = []
+    for i, src in enumerate(good):
+        shutil.copy(src, folder / f"{i}.jpg")
+        files.append(str(folder / f"{i}.jpg"))
+    (folder / "gone.jpg").symlink_to(folder / "missing.jpg")  # open() fails, as root too
+    files.append(str(folder / "gone.jpg"))
+    settings = CheckSettings(cache_dir=str(tmp_path / "cache"), processes=processes)
+    for run in ("empty cache", "cache filled by the first run"):
+        problems, infos = check_image_files(files, root=folder, settings=settings)
+        assert [(p.sample, p.code) for p in problems] == [("gone.jpg", "unreadable")], run
+        assert "No such file or directory" in problems[0].message
+        assert all(infos[f].format == "JPEG" for f in files[:3]), run
+    cached = json.loads(next((tmp_path / "cache").glob("*.json")).read_text())["entries"]
+    assert sorted(cached) == sorted(str(folder / f"{i}.jpg") for i in range(3))  # never the unreadable one
+    for i in range(3):
+        st = (folder / f"{i}.jpg").stat()
+        assert cached[str(folder / f"{i}.jpg")]["sig"] == [st.st_size, st.st_mtime_ns]
+
+
 def test_command_line_writes_report_and_exclusion_list(tmp_path, tiny_classification, capsys):
     from crossdali.common.check.__main__ import get_args_parser, main
     from tests.conformance.corpus import case_bytes, image_folder
