@@ -56,6 +56,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--profile", action="store_true",
                         help="after the timed runs, one more full pass under cProfile (the main thread, where the "
                              "pass is bound on the H100): its top functions in check_full_profile.txt under --out")
+    parser.add_argument("--timeline", action="store_true",
+                        help="one more untimed full pass and decoder-alone pass each, recording when the decoder's "
+                             "build starts and ends and when each chunk is done (seconds from the call): "
+                             "timeline.json under --out")
     parser.add_argument("--smoke", action="store_true", help="tiny set, one repeat (CI)")
     parser.add_argument("--out", type=Path, default=Path("results/check_speed"))
     return parser
@@ -161,6 +165,8 @@ def main(args: argparse.Namespace) -> dict:
     full_seconds = len(files) / rows["check full"]
     if args.profile:
         _profile_full_pass(files, args, settings, args.out / "check_full_profile.txt")
+    if args.timeline:
+        _timelines(files, args, settings, args.out / "timeline.json")
     loader = [loader_decode_rate(files, device=args.device, workers=args.workers, batch_size=args.batch_size)
               for _ in range(args.repeats)]
     rows["loader decode"] = max(steady for steady, _, _ in loader)
@@ -210,6 +216,51 @@ def _profile_full_pass(files: list[str], args: argparse.Namespace, settings, pat
     pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text.getvalue())
+
+
+def _timelines(files: list[str], args: argparse.Namespace, settings, path: Path) -> None:
+    """Where a pass's seconds go: the decoder's build and every chunk, timestamped from the call
+    (the checker's own methods wrapped for one pass each; nothing is changed in what they do)."""
+    from crossdali.common.check import decode
+    from crossdali.common.check.core import check_image_files
+
+    events: list[tuple[str, float]] = []
+    start = [0.0]
+    build, run_chunk = decode._PipelinedDecoder.build, decode._PipelinedDecoder.run_chunk
+
+    def timed_build(self):
+        events.append(("build start", time.perf_counter() - start[0]))
+        build(self)
+        events.append(("build end", time.perf_counter() - start[0]))
+
+    def timed_chunk(self, batches):
+        outcome = run_chunk(self, batches)
+        events.append(("chunk", time.perf_counter() - start[0]))
+        return outcome
+
+    passes = {"check full": lambda: check_image_files(files, root=args.data, settings=settings),
+              "full pass decoder alone": lambda: decode.decode_files(files, device=args.device,
+                                                                     batch_size=args.batch_size, threads=args.workers)}
+    out = {}
+    decode._PipelinedDecoder.build, decode._PipelinedDecoder.run_chunk = timed_build, timed_chunk
+    try:
+        for name, run in passes.items():
+            events.clear()
+            start[0] = time.perf_counter()
+            run()
+            total = time.perf_counter() - start[0]
+            chunks = [t for what, t in events if what == "chunk"]
+            build_at = dict((what, t) for what, t in events if what.startswith("build"))
+            out[name] = {"seconds": round(total, 3), "build_start": round(build_at.get("build start", 0), 3),
+                         "build_end": round(build_at.get("build end", 0), 3),
+                         "first_chunk_done": round(chunks[0], 3) if chunks else None,
+                         "last_chunk_done": round(chunks[-1], 3) if chunks else None,
+                         "after_last_chunk": round(total - chunks[-1], 3) if chunks else None,
+                         "chunk_seconds": [round(b - a, 4) for a, b in zip(chunks, chunks[1:])]}
+    finally:
+        decode._PipelinedDecoder.build, decode._PipelinedDecoder.run_chunk = build, run_chunk
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
 
 
 def _plot(result: dict, path: Path) -> None:
