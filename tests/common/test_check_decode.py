@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from crossdali.common.check.decode import CHUNK_SAMPLES, decode_files, decode_samples
+from crossdali.common.check.decode import CHUNK_SAMPLES, decode_file_list, decode_files, decode_samples
 from tests.conformance.corpus import EXPECTED, FULL_ONLY, case_bytes
 
 
@@ -59,6 +59,60 @@ def test_files_read_by_dali_bad_ones_named_wherever_they_are(device, corpus, tmp
                                                                              paths[n - 2]: "decode-failed"}
     if device == "cpu":  # libjpeg-turbo warns; the GPU decoders may decode the cut data silently
         assert set(bad) == {paths[i] for i in special}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("failing", [True, False], ids=["failure", "warnings-only"])
+def test_file_list_through_the_reader_names_what_the_streaming_pass_names(device, failing, corpus, tmp_path):
+    """``decode_file_list`` (DALI's file reader, the GPU full pass) over two windows and a short tail
+    (batch 4): the same culprits as ``decode_files``, nothing else, every file counted once. With a
+    failure in the first window the rest is decoded after it; without, a warning on the first file of
+    the second window and one in the last batch are pinned although the reader ran ahead of both."""
+    chunk = 4 * max(4, -(-CHUNK_SAMPLES[device] // 4))
+    n = 2 * chunk + 3
+    special = {chunk: corpus["warning-only"][1], n - 1: corpus["warning-only"][1]}
+    if failing:
+        special.update({5: corpus["no-dqt"][1], n - 2: corpus["no-dqt"][1]})
+    paths = []
+    for i in range(n):
+        path = tmp_path / f"{i:05d}.jpg"
+        path.write_bytes(special.get(i, corpus["good"][1]))
+        paths.append(str(path))
+    done: list[int] = []
+    bad = decode_file_list(paths, device=device, batch_size=4, threads=2, on_batch=done.append)
+    assert sum(done) == n
+    failed = {paths[5], paths[n - 2]} if failing else set()
+    assert {k for k, v in bad.items() if v[0] == "decode-failed"} == failed
+    if device == "cpu":  # libjpeg-turbo warns; the GPU decoders may decode the cut data silently
+        assert set(bad) == {paths[i] for i in special}
+        assert bad == decode_files(paths, device=device, batch_size=4, threads=2)
+    assert decode_file_list([], device=device) == {}
+
+
+def test_full_check_through_the_file_reader_gives_the_streaming_report(corpus, tiny_classification, tmp_path,
+                                                                       monkeypatch):
+    """Every corpus case in one folder: the full pass that reads every header first and decodes
+    through DALI's file reader (the GPU's way, forced here on the CPU) finds exactly what the
+    streaming full pass finds, and counts every file once on the progress bar."""
+    from crossdali.common.check import core
+    from crossdali.common.check.core import CheckSettings, check_image_files
+    from crossdali.common.sources import scan_image_folder
+    from tests.conformance.corpus import image_folder
+
+    root = tmp_path / "data"
+    for case in sorted(corpus):
+        image_folder(root, tiny_classification, *corpus[case])
+    files = list(scan_image_folder(root / "val", validate=False).files)
+    reports = []
+    for devices in ((), ("cpu",)):
+        monkeypatch.setattr(core, "FILE_READER_DEVICES", devices)
+        ticks: list[int] = []
+        settings = CheckSettings(depth="full", threads=2, batch_size=4, use_cache=False, progress=ticks.append)
+        problems, _ = check_image_files(files, root=root / "val", settings=settings)
+        assert sum(ticks) == len(files)
+        reports.append(sorted((p.sample, p.code) for p in problems))
+    assert reports[0] == reports[1]
+    assert {code for _, code in reports[1]} >= {"decoder-warning", "too-large", "truncated"}
 
 
 def test_a_stream_shorter_than_the_pipeline_depth(corpus):

@@ -21,11 +21,12 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["NVIMGCODEC_STATUS", "capture_stderr", "decode_files", "decode_samples", "describe_dali_error", "gpu_available"]
+__all__ = ["NVIMGCODEC_STATUS", "capture_stderr", "decode_file_list", "decode_files", "decode_samples", "describe_dali_error",
+           "gpu_available", "stderr_captured"]
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +56,45 @@ def gpu_available() -> bool:
         return False
 
 
+class PrintedLines:
+    """What has been written to a captured file descriptor 2 since the last look (``new_lines``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.offset = fd, 0
+
+    def new_lines(self) -> list[str]:
+        sys.stderr.flush()
+        size = os.fstat(self.fd).st_size
+        data = os.pread(self.fd, size - self.offset, self.offset) if size > self.offset else b""
+        self.offset += len(data)
+        return [_clean(line) for line in data.decode("utf-8", "replace").splitlines() if not _HARMLESS.search(line)]
+
+
 @contextlib.contextmanager
-def capture_stderr() -> Iterator[list[str]]:
-    """Capture what C/C++ code writes to file descriptor 2 (libjpeg's warnings) into the yielded list."""
-    lines: list[str] = []
+def stderr_captured() -> Iterator[PrintedLines]:
+    """File descriptor 2 (where C/C++ code such as libjpeg writes its warnings) sent to a temporary
+    file for the block; the yielded ``PrintedLines`` reads what arrived so far."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
-            yield lines
+            yield PrintedLines(tmp.fileno())
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            tmp.seek(0)
-            text = tmp.read().decode("utf-8", "replace")
-            lines.extend(_clean(line) for line in text.splitlines() if not _HARMLESS.search(line))
+
+
+@contextlib.contextmanager
+def capture_stderr() -> Iterator[list[str]]:
+    """Capture what C/C++ code writes to file descriptor 2 (libjpeg's warnings) into the yielded list."""
+    lines: list[str] = []
+    with stderr_captured() as printed:
+        try:
+            yield lines
+        finally:
+            lines.extend(printed.new_lines())
 
 
 def _clean(line: str) -> str:
@@ -270,20 +293,27 @@ def _chunk(samples: Iterator[tuple[str, bytes]], keys: list[list[str]], batches_
             return
 
 
+def _search_batch(slow: _Decoder, keys: list[str], batch: list[np.ndarray] | np.ndarray,
+                  bad: dict[str, tuple[str, str]]) -> None:
+    """Decode one suspect batch alone, and if it fails or prints anything, each of its samples alone:
+    the culprits go into ``bad``."""
+    error, lines = slow.run(batch)
+    if error is None and not lines:
+        return
+    for key, arr in zip(keys, batch):
+        one_error, one_lines = slow.run([arr]) if len(keys) > 1 else (error, lines)
+        if one_error is not None:
+            bad[key] = ("decode-failed", describe_dali_error(one_error))
+        elif one_lines:
+            bad[key] = ("decoder-warning", "DALI's decoder warned: " + "; ".join(dict.fromkeys(one_lines)))
+
+
 def _decode_stream(samples: Iterable[tuple[str, bytes]], *, source: str, device: str, batch_size: int, threads: int,
                    on_batch: Callable[[int], None] | None) -> dict[str, tuple[str, str]]:
     fast = _PipelinedDecoder(device=device, batch_size=batch_size, threads=threads, source=source,
                              depth=PIPELINE_DEPTH[device])
     slow = _Decoder(device=device, batch_size=batch_size, threads=threads, source=source)
     bad: dict[str, tuple[str, str]] = {}
-
-    def one_by_one(keys: list[str], arrays: list[np.ndarray], error: str | None, lines: list[str]) -> None:
-        for key, arr in zip(keys, arrays):
-            one_error, one_lines = slow.run([arr]) if len(keys) > 1 else (error, lines)
-            if one_error is not None:
-                bad[key] = ("decode-failed", describe_dali_error(one_error))
-            elif one_lines:
-                bad[key] = ("decoder-warning", "DALI's decoder warned: " + "; ".join(dict.fromkeys(one_lines)))
 
     samples = iter(samples)
     chunk_batches = max(2 * fast.depth, -(-CHUNK_SAMPLES[device] // batch_size))
@@ -299,9 +329,79 @@ def _decode_stream(samples: Iterable[tuple[str, bytes]], *, source: str, device:
             break
         if outcome is None or outcome[0] is not None or outcome[1]:  # find the batch, then the sample
             for batch_keys, batch in zip(keys, batches):
-                error, lines = slow.run(batch)
-                if error is not None or lines:
-                    one_by_one(batch_keys, list(batch), error, lines)
+                _search_batch(slow, batch_keys, batch, bad)
         if on_batch is not None:
             on_batch(sum(map(len, keys)))
     return bad
+
+
+def decode_file_list(paths: Sequence[str], *, device: str = "cpu", batch_size: int = 32, threads: int = 2,
+                     on_batch: Callable[[int], None] | None = None) -> dict[str, tuple[str, str]]:
+    """:func:`decode_files` for a list known in full, read by DALI's file reader as the loader reads
+    (``fn.readers.file``, no mmap): on the H200 it fed the GPU decoder 18-20k files/s where names
+    fed to ``fn.io.file.read`` reached 15-16k, however they were fed (``python -m
+    benchmarks.dali_read_paths``, results/check_speed/h200_2026-11-26/3_read_paths).
+
+    The reader runs ahead of what is fetched, so a window cannot be drained to pin a warning on it:
+    file descriptor 2 stays captured for the whole pass (a progress bar must draw elsewhere: the
+    command line's draws on its own copy of the terminal), and after each ``CHUNK_SAMPLES`` window
+    the batches it fetched plus those DALI may already have started are suspects when anything was
+    printed. Suspects are decoded again one batch, then one sample, at a time once the reader is
+    gone. After a failure (the pipeline is then unusable) the rest goes through :func:`decode_files`.
+    """
+    paths = list(paths)
+    if not paths:
+        return {}
+    depth = PIPELINE_DEPTH[device]
+    batches = -(-len(paths) // batch_size)
+    window = max(1, CHUNK_SAMPLES[device] // batch_size)
+    ahead = depth + 2  # batches the executor may have started beyond the last one fetched, and a margin
+    suspects: set[int] = set()
+    fetched, failed = 0, False
+    with stderr_captured() as printed:
+        pipe = _reader_pipeline(paths, device=device, batch_size=batch_size, threads=threads, depth=depth)
+        while fetched < batches and not failed:
+            first = fetched
+            try:
+                for _ in range(min(window, batches - fetched)):
+                    pipe.run()
+                    fetched += 1
+            except RuntimeError as e:
+                failed = True
+                log.debug("the file reader's pipeline failed after %d batches: %s", fetched, describe_dali_error(e))
+            if failed or printed.new_lines():
+                suspects.update(range(first, min(batches, fetched + ahead)))
+            if on_batch is not None and fetched > first:
+                on_batch(min(fetched * batch_size, len(paths)) - first * batch_size)
+        del pipe  # its threads stop before anything else decodes or prints
+    bad: dict[str, tuple[str, str]] = {}
+    slow = _Decoder(device=device, batch_size=batch_size, threads=threads, source="paths")
+    for b in sorted(suspects):
+        keys = paths[b * batch_size:(b + 1) * batch_size]
+        _search_batch(slow, keys, _names_batch([os.fsencode(k) for k in keys]), bad)
+        if b >= fetched and on_batch is not None:
+            on_batch(len(keys))
+    if failed:
+        rest = max(max(suspects) + 1, fetched) * batch_size
+        bad.update(decode_files(paths[rest:], device=device, batch_size=batch_size, threads=threads,
+                                on_batch=on_batch))
+    return bad
+
+
+def _reader_pipeline(paths: list[str], *, device: str, batch_size: int, threads: int, depth: int):
+    """A built pipeline: ``paths`` in order through DALI's file reader and image decoder, the last batch
+    padded (by repeating its last file)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    gpu = device == "gpu"
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None,
+                  prefetch_queue_depth=depth)
+    def decode():
+        encoded, _ = fn.readers.file(files=paths, dont_use_mmap=True, pad_last_batch=True, name="Reader")
+        return fn.decoders.image(encoded, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                                 **(GPU_DECODER_ARGS if gpu else {}))
+
+    pipe = decode()
+    pipe.build()
+    return pipe

@@ -3,9 +3,11 @@ the JSON report and the exclusion list; ``check_before_training`` for the traini
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -295,17 +297,33 @@ def check_data(data: str | os.PathLike, *, depth: str = "fast", device: str = "a
         for t, source in resolved:
             report.splits.append(check_source(source, settings=settings, root=data, split=t.split, transform=transform))
     finally:
-        if bar:
-            bar.close()
+        _close_bar(bar)
     return report
 
 
 def _progress_bar(total: int, desc: str, *, enabled: bool):
+    """A tqdm bar on its own copy of the terminal's descriptor: the full pass captures descriptor 2
+    while DALI decodes (what its decoder prints there counts as a warning), and a bar drawn there
+    would be taken for one. ``_close_bar`` closes both."""
     if not enabled:
         return None
     from tqdm import tqdm  # defer: only the command line draws a bar
 
-    return tqdm(total=total, desc=desc, unit="sample", dynamic_ncols=True)
+    try:
+        stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # no descriptor (a test's capture)
+        stream = None
+    bar = tqdm(total=total, desc=desc, unit="sample", dynamic_ncols=True, file=stream or sys.stderr)
+    bar.own_stream = stream
+    return bar
+
+
+def _close_bar(bar) -> None:
+    if bar is None:
+        return
+    bar.close()
+    if bar.own_stream is not None:
+        bar.own_stream.close()
 
 
 def check_before_training(sources: Sequence, *, depth: str = "fast", device: str = "auto",
@@ -327,8 +345,7 @@ def check_before_training(sources: Sequence, *, depth: str = "fast", device: str
             root = getattr(source, "root", None)
             reports.append(check_source(source, settings=settings, root=root, split=getattr(source, "split", "")))
     finally:
-        if bar:
-            bar.close()
+        _close_bar(bar)
     problems = [p for r in reports for p in r.problems]
     for p in problems:
         if p.severity == "warning":
