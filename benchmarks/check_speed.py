@@ -13,8 +13,9 @@ are also timed alone, so the JSON gives each side's rate after its build too: on
 bench set the GPU build (about 1.75 s on the H100) is longer than the decoding, and ``--copies N``
 checks N symbolic-link copies of the set (N times the files, a data set closer to a real one's
 size, page-cached). "full pass decoder alone" is the full pass's decoder over the same files with no
-header reading beside it (what the header work costs). The cache is off for every timed pass. Writes ``check_speed.json`` and
-``check_speed.png`` under ``--out``.
+header reading before or beside it (what the header work costs): DALI's file reader on a GPU
+(``decode_file_list``), names fed to ``fn.io.file.read`` on the CPU (``decode_files``). The cache
+is off for every timed pass. Writes ``check_speed.json`` and ``check_speed.png`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -94,6 +95,13 @@ def loader_decode_rate(files: list[str], *, device: str, workers: int, batch_siz
     return timed * batch_size / (end - start), (timed + 1) * batch_size / (end - built), build_seconds
 
 
+def _decoder_alone(files: list[str], args: argparse.Namespace) -> dict:
+    from crossdali.common.check import core, decode
+
+    decode_fn = decode.decode_file_list if args.device in core.FILE_READER_DEVICES else decode.decode_files
+    return decode_fn(files, device=args.device, batch_size=args.batch_size, threads=args.workers)
+
+
 def check_build_seconds(*, device: str, workers: int, batch_size: int) -> float:
     """Seconds to build the full pass's pipelined decoder alone."""
     from crossdali.common.check.decode import _PipelinedDecoder
@@ -157,11 +165,9 @@ def main(args: argparse.Namespace) -> dict:
                                  use_cache=False, processes=args.processes)
         seconds = _timed(lambda s=settings: check_image_files(files, root=args.data, settings=s), args.repeats)
         rows[f"check {depth}"] = len(files) / seconds
-    # The full pass's decoder alone on the same files, no header inspection beside it: what the
-    # full pass would reach if reading headers cost the main thread nothing.
-    rows["full pass decoder alone"] = len(files) / _timed(
-        lambda: decode.decode_files(files, device=args.device, batch_size=args.batch_size, threads=args.workers),
-        args.repeats)
+    # The full pass's decoder alone on the same files, no header inspection before or beside it:
+    # what the full pass would reach if reading headers cost nothing.
+    rows["full pass decoder alone"] = len(files) / _timed(lambda: _decoder_alone(files, args), args.repeats)
     full_seconds = len(files) / rows["check full"]
     if args.profile:
         _profile_full_pass(files, args, settings, args.out / "check_full_profile.txt")
@@ -219,30 +225,45 @@ def _profile_full_pass(files: list[str], args: argparse.Namespace, settings, pat
 
 
 def _timelines(files: list[str], args: argparse.Namespace, settings, path: Path) -> None:
-    """Where a pass's seconds go: the decoder's build and every chunk, timestamped from the call
-    (the checker's own methods wrapped for one pass each; nothing is changed in what they do)."""
-    from crossdali.common.check import decode
+    """Where a pass's seconds go: the decoder's build, every chunk of the streaming decoder and, for
+    the file reader's pass, when decoding starts (every header read), timestamped from the call (the
+    checker's own functions wrapped for one pass each; nothing is changed in what they do)."""
+    from crossdali.common.check import core, decode
     from crossdali.common.check.core import check_image_files
 
     events: list[tuple[str, float]] = []
     start = [0.0]
     build, run_chunk = decode._PipelinedDecoder.build, decode._PipelinedDecoder.run_chunk
+    reader_pipeline, file_list = decode._reader_pipeline, core.decode_file_list
+
+    def stamp(what: str) -> None:
+        events.append((what, time.perf_counter() - start[0]))
 
     def timed_build(self):
-        events.append(("build start", time.perf_counter() - start[0]))
+        stamp("build start")
         build(self)
-        events.append(("build end", time.perf_counter() - start[0]))
+        stamp("build end")
+
+    def timed_reader(*a, **k):
+        stamp("build start")
+        pipe = reader_pipeline(*a, **k)
+        stamp("build end")
+        return pipe
+
+    def timed_file_list(*a, **k):
+        stamp("headers done")
+        return file_list(*a, **k)
 
     def timed_chunk(self, batches):
         outcome = run_chunk(self, batches)
-        events.append(("chunk", time.perf_counter() - start[0]))
+        stamp("chunk")
         return outcome
 
     passes = {"check full": lambda: check_image_files(files, root=args.data, settings=settings),
-              "full pass decoder alone": lambda: decode.decode_files(files, device=args.device,
-                                                                     batch_size=args.batch_size, threads=args.workers)}
+              "full pass decoder alone": lambda: _decoder_alone(files, args)}
     out = {}
     decode._PipelinedDecoder.build, decode._PipelinedDecoder.run_chunk = timed_build, timed_chunk
+    decode._reader_pipeline, core.decode_file_list = timed_reader, timed_file_list
     try:
         for name, run in passes.items():
             events.clear()
@@ -250,15 +271,15 @@ def _timelines(files: list[str], args: argparse.Namespace, settings, path: Path)
             run()
             total = time.perf_counter() - start[0]
             chunks = [t for what, t in events if what == "chunk"]
-            build_at = dict((what, t) for what, t in events if what.startswith("build"))
-            out[name] = {"seconds": round(total, 3), "build_start": round(build_at.get("build start", 0), 3),
-                         "build_end": round(build_at.get("build end", 0), 3),
+            marks = {what: round(t, 3) for what, t in events if what != "chunk"}
+            out[name] = {"seconds": round(total, 3), **marks,
                          "first_chunk_done": round(chunks[0], 3) if chunks else None,
                          "last_chunk_done": round(chunks[-1], 3) if chunks else None,
                          "after_last_chunk": round(total - chunks[-1], 3) if chunks else None,
                          "chunk_seconds": [round(b - a, 4) for a, b in zip(chunks, chunks[1:])]}
     finally:
         decode._PipelinedDecoder.build, decode._PipelinedDecoder.run_chunk = build, run_chunk
+        decode._reader_pipeline, core.decode_file_list = reader_pipeline, file_list
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
 
