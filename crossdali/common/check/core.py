@@ -29,6 +29,15 @@ log = logging.getLogger(__name__)
 
 DEPTHS = ("fast", "full")
 
+#: Devices whose full pass reads every header first and then decodes the files that passed through
+#: DALI's file reader (``decode_file_list``) instead of decoding while headers are read
+#: (``decode_files``). On the H200, 65,560 files: names fed to ``fn.io.file.read`` decoded 15.1-15.8k
+#: files/s, the file reader without mmap 20.0k (benchmarks.dali_read_paths); reading every header
+#: first took 0.83 s, and the full pass went from 0.69-0.76 of the loader's first epoch to 0.79-0.81
+#: (same runs, alternating: results/check_speed/h200_2026-11-26/4_file_reader_ab). On a 2-core CPU
+#: the decode is the bottleneck and reading headers beside it is worth more.
+FILE_READER_DEVICES = ("gpu",)
+
 _FIXES = {
     "unreadable": "check its permissions and the file system",
     "empty": "re-download or re-encode it from the original, or remove it",
@@ -57,8 +66,10 @@ class CheckSettings:
     max_pixels: int = DEFAULT_MAX_PIXELS
     threads: int = 4
     #: processes that inspect headers (the fast pass is pure Python, bound by the GIL at about 3,000
-    #: files/s whatever the threads); ``None``: half the cores for 4,096 files or more on more than
-    #: 4 cores, else none (starting them costs about a second)
+    #: files/s whatever the threads); ``None``: for 4,096 files or more on more than 4 cores, every
+    #: core up to 16 when the headers are read alone (the fast pass; the file reader's full pass reads
+    #: them all first), half of them when DALI decodes beside them; else none (starting them costs
+    #: about a second)
     processes: int | None = None
     batch_size: int = 32
     cache_dir: str | None = None
@@ -79,7 +90,14 @@ class CheckSettings:
         if self.processes is not None:
             return self.processes
         cores = os.cpu_count() or 1
-        return min(cores // 2, 16) if cores > 4 and files >= 4096 else 0
+        if cores <= 4 or files < 4096:
+            return 0
+        # On the H200's 16 cores, 65,560 files, the file reader's full pass: 16 processes 0.87 and
+        # 0.83 of the loader's first epoch against 0.84 and 0.81 with 8 (same runs, alternating:
+        # results/check_speed/h200_2026-11-26/5_header_processes); the fast pass 85-101k files/s
+        # against 65-79k.
+        decoding_beside = self.depth == "full" and self.device not in FILE_READER_DEVICES
+        return min(cores // 2 if decoding_beside else cores, 16)
 
     def cache(self, identity: str) -> CheckCache:
         return CheckCache(identity, cache_dir=self.cache_dir, enabled=self.use_cache)
@@ -185,13 +203,6 @@ def _inspect_many(paths: list[str]) -> list[tuple[ImageInfo, list[int] | None, s
     """In a worker process: :func:`_inspect_one` of each file."""
     return [_inspect_one(path) for path in paths]
 
-
-#: Devices whose full pass reads every header first and then decodes the files that passed through
-#: DALI's file reader (``decode_file_list``) instead of decoding while headers are read
-#: (``decode_files``). On the H200, 65,560 files: the names-fed decoder alone ran at 0.84 of the
-#: file reader's steady rate; reading every header first costs about 1 s there (8 processes, 63k
-#: files/s). On a 2-core CPU the decode is the bottleneck and the overlap is worth more.
-FILE_READER_DEVICES = ("gpu",)
 
 #: Files whose headers may be read ahead of the one the full pass decodes (their results, about 200
 #: bytes each, wait in memory); benchmarks.check_speed --read-ahead varies it.
