@@ -102,12 +102,17 @@ def _decoder_alone(files: list[str], args: argparse.Namespace) -> dict:
     return decode_fn(files, device=args.device, batch_size=args.batch_size, threads=args.workers)
 
 
-def check_build_seconds(*, device: str, workers: int, batch_size: int) -> float:
-    """Seconds to build the full pass's pipelined decoder alone."""
-    from crossdali.common.check.decode import _PipelinedDecoder
+def check_build_seconds(files: list[str], *, device: str, workers: int, batch_size: int) -> float:
+    """Seconds to build the full pass's decoder alone (DALI's file reader over ``files`` on a GPU,
+    the pipelined names-fed decoder on the CPU)."""
+    from crossdali.common.check import core, decode
 
     start = time.perf_counter()
-    _PipelinedDecoder(device=device, batch_size=batch_size, threads=workers, source="paths").build()
+    if device in core.FILE_READER_DEVICES:
+        decode._reader_pipeline(files, device=device, batch_size=batch_size, threads=workers,
+                                depth=decode.PIPELINE_DEPTH[device])
+    else:
+        decode._PipelinedDecoder(device=device, batch_size=batch_size, threads=workers, source="paths").build()
     return time.perf_counter() - start
 
 
@@ -177,7 +182,7 @@ def main(args: argparse.Namespace) -> dict:
               for _ in range(args.repeats)]
     rows["loader decode"] = max(steady for steady, _, _ in loader)
     rows["loader epoch incl. build"] = max(epoch for _, epoch, _ in loader)
-    build = {"check full pass": min(check_build_seconds(device=args.device, workers=args.workers,
+    build = {"check full pass": min(check_build_seconds(files, device=args.device, workers=args.workers,
                                                         batch_size=args.batch_size) for _ in range(args.repeats)),
              "loader": min(b for _, _, b in loader)}
     after_build = len(files) / max(1e-9, full_seconds - build["check full pass"])
