@@ -10,6 +10,10 @@ loader), file descriptor 2 is captured around the chunk, and the pipeline is dra
 next one. A chunk that fails or prints anything is decoded again one batch at a time, and a batch
 that does so one sample at a time, to name the culprit. No pixels of a sample over the size limit
 are ever allocated: the fast pass keeps those out.
+
+On a GPU, image files whose headers were all read first go through DALI's file reader instead
+(``decode_file_list``: the loader's way of reading, faster than ``fn.io.file.read`` there), with
+descriptor 2 captured for the whole pass and suspects searched the same way afterwards.
 """
 
 from __future__ import annotations
