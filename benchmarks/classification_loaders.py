@@ -12,8 +12,9 @@ Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from r
   share of the step spent waiting for data. ``synthetic`` is the upper bound.
 
 Configurations: torchvision ImageFolder + PIL, torchvision decode_image + v2 (crossdali's
-``native``), DALI all-CPU, and DALI mixed with the hardware JPEG decoder share 0 / 0.5 / 0.75 /
-1.0 and 2 / 4 / 8 / 15 CPU threads. Writes ``classification_loaders.json``, rewritten after every
+``native``), torchvision's batched ``decode_jpeg`` on the GPU + the same v2 preset there, DALI
+all-CPU, and DALI mixed with the hardware JPEG decoder share 0 / 0.5 / 0.75 / 1.0 and 2 / 4 / 8 /
+15 CPU threads. Writes ``classification_loaders.json``, rewritten after every
 configuration, so a run cut short keeps what it measured.
 """
 
@@ -68,6 +69,50 @@ def _pil_imagefolder_loader(source, *, batch_size: int, workers: int, crop: int)
     dataset = ImageFolder(str(source.root), transform=preset)
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
                                        pin_memory=True, persistent_workers=True, drop_last=False)
+
+
+class _FileBytes(torch.utils.data.Dataset):
+    """(encoded bytes, label) per file: what a DataLoader worker hands a GPU decoder. Plain bytes,
+    not tensors: a batch of small tensors from workers goes through one shared file descriptor each,
+    and a 2-core run failed with EBADF that way."""
+
+    def __init__(self, files: tuple[str, ...], labels: tuple[int, ...]) -> None:
+        self.files, self.labels = files, labels
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        with open(self.files[i], "rb") as f:
+            return bytearray(f.read()), self.labels[i]
+
+
+def _bytes_batch(samples):
+    return [data for data, _ in samples], torch.tensor([label for _, label in samples])
+
+
+class _TorchvisionGPUDecodeLoader:
+    """torchvision's batched ``decode_jpeg`` on ``device`` (nvJPEG on a GPU) over file bytes read by
+    DataLoader workers, then the same v2 preset per image where the pixels are: the GPU path a
+    torchvision user writes without DALI (issue 14 asks for it as a peer)."""
+
+    def __init__(self, source, *, batch_size: int, workers: int, crop: int, device: torch.device) -> None:
+        from crossdali.common.classification import ClassificationTransform
+        from crossdali.pytorch.presets import ClassificationPresetTrain
+
+        self.device = device
+        self.preset = ClassificationPresetTrain(transform=ClassificationTransform(crop_size=crop))
+        self.loader = torch.utils.data.DataLoader(_FileBytes(source.files, source.labels), batch_size=batch_size,
+                                                  shuffle=True, num_workers=workers, collate_fn=_bytes_batch,
+                                                  persistent_workers=workers > 0)
+
+    def __iter__(self):
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        for datas, labels in self.loader:
+            encoded = [torch.frombuffer(data, dtype=torch.uint8) for data in datas]
+            images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+            yield torch.stack([self.preset(image) for image in images]), labels
 
 
 def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10) -> dict[str, float]:
@@ -127,6 +172,7 @@ def main(args: argparse.Namespace) -> dict:
     configs = [
         ("torchvision PIL ImageFolder", dict(kind="pil", workers=workers)),
         ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers)),
+        (f"torchvision decode_jpeg on the {device.type.upper()} + v2", dict(kind="tv-decode-jpeg", workers=workers)),
         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
     ]
     for load in (float(x) for x in args.hw_loads.split(",") if x):
@@ -156,6 +202,9 @@ def main(args: argparse.Namespace) -> dict:
         try:  # one failing configuration is recorded with its error; the others still run
             if kind == "pil":
                 loader = _pil_imagefolder_loader(source, batch_size=bs, workers=cfg["workers"], crop=crop)
+            elif kind == "tv-decode-jpeg":
+                loader = _TorchvisionGPUDecodeLoader(source, batch_size=bs, workers=cfg["workers"], crop=crop,
+                                                     device=device)
             else:
                 loader = create_classification_loader(source, **common, **cfg, device_id=0)
             row.update(time_epochs(loader, device, min_seconds=args.min_seconds))

@@ -31,7 +31,8 @@ def _run(module: str, out: Path, data_root: Path, *extra: str) -> dict:
 def test_classification_benchmark_smoke(tmp_path, data_root):
     report = _run("benchmarks.classification_loaders", tmp_path, data_root)
     loader = {r["name"]: r for r in report["loader"]}
-    assert set(loader) == {"torchvision PIL ImageFolder", "torchvision decode_image + v2 (native)", "DALI CPU"}
+    assert set(loader) == {"torchvision PIL ImageFolder", "torchvision decode_image + v2 (native)",
+                           "torchvision decode_jpeg on the CPU + v2", "DALI CPU"}
     for row in loader.values():
         assert "error" not in row, row
         # every timed epoch is a whole pass over the tiny train split (264 images)
