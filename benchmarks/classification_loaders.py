@@ -172,7 +172,8 @@ def main(args: argparse.Namespace) -> dict:
     configs = [
         ("torchvision PIL ImageFolder", dict(kind="pil", workers=workers)),
         ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers)),
-        (f"torchvision decode_jpeg on the {device.type.upper()} + v2", dict(kind="tv-decode-jpeg", workers=workers)),
+        (f"torchvision decode_jpeg on the {'GPU' if device.type == 'cuda' else 'CPU'} + v2",
+         dict(kind="tv-decode-jpeg", workers=workers)),
         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
     ]
     for load in (float(x) for x in args.hw_loads.split(",") if x):
