@@ -20,6 +20,16 @@ def _stream(good: bytes, n: int, bad: dict[int, bytes]) -> list[tuple[str, bytes
     return [(f"s{i}", bad.get(i, good)) for i in range(n)]
 
 
+def _files(folder, n: int, special: dict[int, bytes], good: bytes) -> list[str]:
+    """``n`` JPEG files in ``folder``: ``special[i]`` where given, else ``good``."""
+    paths = []
+    for i in range(n):
+        path = folder / f"{i:05d}.jpg"
+        path.write_bytes(special.get(i, good))
+        paths.append(str(path))
+    return paths
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_bad_samples_anywhere_in_a_long_stream_are_named(device, corpus):
     """Two chunks (batch 4): a failing sample in the first, a warning one in the second's last batch,
@@ -47,11 +57,7 @@ def test_files_read_by_dali_bad_ones_named_wherever_they_are(device, corpus, tmp
     n = 2 * chunk + 3
     special = {5: corpus["no-dqt"][1], chunk: corpus["warning-only"][1], n - 1: corpus["warning-only"][1],
                n - 2: corpus["no-dqt"][1]}
-    paths = []
-    for i in range(n):
-        path = tmp_path / f"{i:05d}.jpg"
-        path.write_bytes(special.get(i, corpus["good"][1]))
-        paths.append(str(path))
+    paths = _files(tmp_path, n, special, corpus["good"][1])
     done: list[int] = []
     bad = decode_files(paths, device=device, batch_size=4, threads=2, on_batch=done.append)
     assert sum(done) == n
@@ -73,11 +79,7 @@ def test_file_list_through_the_reader_names_what_the_streaming_pass_names(device
     special = {chunk: corpus["warning-only"][1], n - 1: corpus["warning-only"][1]}
     if failing:
         special.update({5: corpus["no-dqt"][1], n - 2: corpus["no-dqt"][1]})
-    paths = []
-    for i in range(n):
-        path = tmp_path / f"{i:05d}.jpg"
-        path.write_bytes(special.get(i, corpus["good"][1]))
-        paths.append(str(path))
+    paths = _files(tmp_path, n, special, corpus["good"][1])
     done: list[int] = []
     bad = decode_file_list(paths, device=device, batch_size=4, threads=2, on_batch=done.append)
     assert sum(done) == n
