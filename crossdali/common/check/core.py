@@ -179,11 +179,6 @@ def _size_problem(info_pixels: int, width: int, height: int, settings: CheckSett
 # --------------------------------------------------------------------------------------------
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def _inspect_one(path: str) -> tuple[ImageInfo, list[int] | None, str]:
     """(the file's header, its cache signature or ``None`` when it could not be read, its absolute
     path: the cache's key). The signature comes from the open file (``fstat``), so a file never
