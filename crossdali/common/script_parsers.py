@@ -131,6 +131,7 @@ def mxnet_classification(add_help: bool = True) -> argparse.ArgumentParser:
                  debug=True, run_dir=True,
                  engine_help="gradient averaging; auto: horovod under horovodrun/mpirun, kvstore under a DMLC launcher",
                  resume_help="checkpoint (.params, or its folder) to resume from")
+    add_multi_label_arg(parser)
     return parser
 
 

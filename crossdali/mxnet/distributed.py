@@ -31,6 +31,7 @@ ENGINES = FRAMEWORK_ENGINES["mxnet"]
 # Integer keys are the trainer's parameter indices (0..n-1); metrics use one far above them.
 _METRICS_KEY = 1_000_003
 _BN_KEYS = 2_000_003
+_GATHER_KEYS = 3_000_003
 
 
 @dataclass
@@ -53,23 +54,46 @@ class Runtime:
             return KVStoreTrainer(params, optimizer, optimizer_params, kvstore=self.kvstore)
         return mx.gluon.Trainer(params, optimizer, optimizer_params, kvstore=None)
 
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        """Sum ``values`` over all workers (metric counts and sums)."""
-        arr = mx.nd.array(np.asarray(values, dtype=np.float64), dtype=np.float64)
+    def _reduce(self, arr: mx.nd.NDArray, key: int) -> mx.nd.NDArray:
+        """Sum a flat float64 NDArray over all workers; ``key``: the kvstore key of arrays of its size."""
         if self.engine == "horovod":
             import horovod.mxnet as hvd
 
-            arr = hvd.allreduce(arr, average=False, name=f"metrics{len(values)}")
-        elif self.engine == "kvstore":
-            key = _METRICS_KEY + len(values)  # a kvstore key keeps the size it was created with
-            if key not in self._metric_keys:
+            return hvd.allreduce(arr, average=False, name=f"reduce{key}")
+        if self.engine == "kvstore":
+            if key not in self._metric_keys:  # a kvstore key keeps the size it was created with
                 self.kvstore.init(key, mx.nd.zeros(arr.shape, dtype=np.float64))
                 self._metric_keys.add(key)
             self.kvstore.push(key, arr)
             out = mx.nd.zeros(arr.shape, dtype=np.float64)
             self.kvstore.pull(key, out=out)
-            arr = out
-        return arr.asnumpy().tolist()
+            return out
+        return arr
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum ``values`` over all workers (metric counts and sums)."""
+        arr = mx.nd.array(np.asarray(values, dtype=np.float64), dtype=np.float64)
+        return self._reduce(arr, _METRICS_KEY + len(values)).asnumpy().tolist()
+
+    def gather_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Every worker's ``rows`` (n_rank, ...) stacked in rank order, on every worker: what multi-label
+        mAP needs (average precision ranks the scores of the whole val set).
+
+        Written with the one collective both engines share, a sum: each rank places its rows in its
+        own slot of a zero block of ``world x max(n_rank)`` rows, and the blocks are summed (float64,
+        so scores and 0/1 targets come back exact). Costs ``world`` times the largest part in memory.
+        """
+        world, rank = self.dist.world_size, self.dist.rank
+        if world == 1:
+            return rows
+        counts = np.zeros(world)
+        counts[rank] = len(rows)
+        counts = np.asarray(self.all_reduce_sum(counts.tolist()), dtype=np.int64)
+        block = np.zeros((world, int(counts.max()), *rows.shape[1:]), dtype=np.float64)
+        block[rank, :len(rows)] = rows
+        flat = mx.nd.array(block.reshape(-1), dtype=np.float64)
+        summed = self._reduce(flat, _GATHER_KEYS + flat.size).asnumpy().reshape(block.shape)
+        return np.concatenate([summed[r, :counts[r]] for r in range(world)]).astype(rows.dtype)
 
     def sync_batchnorm_stats(self, net: mx.gluon.Block) -> None:
         """Make BatchNorm's running statistics (the parameters without gradients) the same on every

@@ -36,7 +36,7 @@ from crossdali.common.options import CLASSIFICATION_BACKENDS, PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
 __all__ = ["BACKENDS", "DATA_NAME", "LABEL_NAME", "DALIClassificationIter", "NativeRecordIter", "SyntheticIter",
-           "create_classification_loader"]
+           "create_classification_loader", "require_mxnet_gpu"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,14 @@ def _descs(batch_size: int, crop_size: int, dtype: str) -> tuple[list[mx.io.Data
     data = mx.io.DataDesc(DATA_NAME, (batch_size, 3, crop_size, crop_size), np.dtype(dtype), layout="NCHW")
     label = mx.io.DataDesc(LABEL_NAME, (batch_size,), np.float32, layout="N")
     return [data], [label]
+
+
+def require_mxnet_gpu(backend: str) -> None:
+    """``dali-gpu`` hands DALI's GPU buffers to MXNet: refuse it, naming the fix, when MXNet sees no GPU."""
+    if backend == "dali-gpu" and mx.context.num_gpus() == 0:
+        raise RuntimeError("--data-backend dali-gpu needs MXNet built with CUDA and a visible GPU; this MXNet sees "
+                           "none (the PyPI `mxnet` wheel is CPU-only; the CUDA builds, mxnet-cu112/cu117, run on GPUs "
+                           "up to sm_86, not on an H100: see docs/mxnet.md). Use --data-backend dali-cpu")
 
 
 class _EpochIter(mx.io.DataIter):
@@ -394,10 +402,7 @@ def create_classification_loader(
                          batch_size=batch_size, dist=dist, last_batch=last_batch)
     source, dist = plan.source, plan.dist
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="CHW")
-    if backend == "dali-gpu" and mx.context.num_gpus() == 0:
-        raise RuntimeError("--data-backend dali-gpu needs MXNet built with CUDA and a visible GPU; this MXNet sees "
-                           "none (the PyPI `mxnet` wheel is CPU-only; the CUDA builds, mxnet-cu112/cu117, run on GPUs "
-                           "up to sm_86, not on an H100: see docs/mxnet.md). Use --data-backend dali-cpu")
+    require_mxnet_gpu(backend)
 
     if backend == "synthetic":
         gpu_id = device_id if device_id is not None else dist.local_rank

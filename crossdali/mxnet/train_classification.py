@@ -10,6 +10,11 @@ data is read); ``--amp`` is MXNet's AMP (float16) on a CUDA GPU and float32 on t
 ``--channels-last`` is accepted and stays NCHW (said at start-up: see ``CHANNELS_LAST_NOTE``).
 Without ``--data`` it builds the embedded sample set (if missing).
 
+``--multi-label`` trains on a multi-label list (``train.txt``/``val.txt``: an image path and its
+labels per line; without ``--data`` the multi-label sample set) with sigmoid + binary
+cross-entropy, val mAP and macro F1 (the best checkpoint is the best mAP), as the PyTorch and JAX
+scripts do; the lists go through ``crossdali.mxnet.create_multilabel_loader``.
+
 Checkpoints (rank 0, at epoch ends): ``checkpoint.params`` (weights), ``.states`` (optimizer) and
 ``.json`` (``crossdali.common.runs.checkpoint_meta``: class names, arch, epochs done, val top-1,
 the full config), what ``--resume`` takes; and ``checkpoint_best.params``/``.states``/``.json``, the
@@ -43,7 +48,7 @@ from crossdali.common.runs import (
     open_metrics,
     write_json,
 )
-from crossdali.common.sample_data import ensure_classification
+from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
@@ -173,8 +178,59 @@ def evaluate(net, loss_fn, loader, *, runtime: Runtime, num_classes: int) -> dic
                      num_classes=num_classes) | {"eval_seconds": time.perf_counter() - start}
 
 
+def evaluate_multilabel(net, loss_fn, loader, *, runtime: Runtime) -> dict[str, float]:
+    """Binary cross-entropy, mAP and macro F1 (sigmoid >= 0.5) over every val sample, each seen once
+    across all ranks (``crossdali.common.multilabel.multilabel_metrics``, as the PyTorch and JAX
+    scripts): the scores are gathered, since average precision ranks them all."""
+    from crossdali.common.multilabel import multilabel_metrics
+
+    ctx = runtime.context
+    loss_sum, scores, targets = 0.0, [], []
+    start = time.perf_counter()
+    loader.reset()
+    for batch in loader:
+        images, target, _ = _real_rows(batch)
+        output = net(images.as_in_context(ctx))
+        loss_sum += float(loss_fn(output, target.as_in_context(ctx)).sum().asscalar())
+        scores.append(mx.nd.sigmoid(output).asnumpy())
+        targets.append(target.asnumpy())
+    classes = loader.num_classes
+    mine = np.concatenate([np.concatenate(scores), np.concatenate(targets)], axis=1) if scores \
+        else np.zeros((0, 2 * classes), np.float32)
+    both = runtime.gather_rows(mine)
+    (loss_sum,) = runtime.all_reduce_sum([loss_sum])
+    seen = len(both)
+    stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
+    if not seen:
+        return stats
+    found = multilabel_metrics(both[:, :classes], both[:, classes:])
+    return stats | {"val_map": found["map"], "val_f1": found["f1"]}
+
+
+def load_multilabel_data(args, runtime: Runtime, backend: str):
+    """``load_data`` for ``--multi-label``: list files through the external-source iterator."""
+    from crossdali.common.multilabel import resolve_multilabel_splits
+    from crossdali.mxnet.external import create_multilabel_loader
+
+    data = args.data
+    if data is None:
+        if runtime.dist.is_main:
+            ensure_multilabel(size=args.sample_size)
+        runtime.barrier()  # other ranks wait for rank 0 to build the sample set
+        data = ensure_multilabel(size=args.sample_size)
+    train_src, val_src = resolve_multilabel_splits(args, data, backend)
+    common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
+                  py_workers=max(1, args.workers // 2), seed=args.seed, dist=runtime.dist,
+                  device_id=runtime.dist.local_rank)
+    train_loader = create_multilabel_loader(train_src, train=True, **common)
+    val_loader = create_multilabel_loader(val_src, train=False, **common)
+    return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
+
+
 def load_data(args, runtime: Runtime, backend: str):
     """Train and val iterators over the same dataset, sharded by the global rank, and the class names."""
+    if args.multi_label:
+        return load_multilabel_data(args, runtime, backend)
     data = args.data
     if data is None:
         fmt = "recordio" if backend == "native" else "imagefolder"
@@ -269,7 +325,12 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
         mx_amp.init_trainer(trainer)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    if args.label_smoothing:
+    if args.multi_label:
+        # one sigmoid per class, the mean over classes per sample (PyTorch's BCEWithLogitsLoss over a batch)
+        loss_fn = gluon.loss.SigmoidBinaryCrossEntropyLoss()
+        if args.label_smoothing:
+            log.warning("--label-smoothing %s: not applied with --multi-label (binary targets)", args.label_smoothing)
+    elif args.label_smoothing:
         smooth, dense_ce = args.label_smoothing, gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
         def loss_fn(output, target):
@@ -293,7 +354,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="mxnet", arch=arch)
     about = {"framework": "mxnet", "arch": arch, "num_classes": num_classes, "class_names": class_names,
              "config": args}
-    best = BestCheckpoint(run_dir, meta=about, enabled=runtime.dist.is_main)
+    metric = "val_map" if args.multi_label else "val_top1"
+    best = BestCheckpoint(run_dir, meta=about, metric=metric, enabled=runtime.dist.is_main)
     best.resume(start_epoch)
     metrics = open_metrics(run_dir, continuing=args.resume is not None, enabled=runtime.dist.is_main)
     log.info("outputs: %s", run_dir)
@@ -301,8 +363,13 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                   precision="float16 (AMP)" if amp else "float32", layout="NCHW", world_size=runtime.dist.world_size,
                   engine=runtime.engine, batch_size=args.batch_size, lr=lr, epochs=args.epochs, framework="mxnet")
 
+    def validate() -> dict[str, float]:
+        if args.multi_label:
+            return evaluate_multilabel(net, loss_fn, val_loader, runtime=runtime)
+        return evaluate(net, loss_fn, val_loader, runtime=runtime, num_classes=num_classes)
+
     if args.test_only:
-        stats = evaluate(net, loss_fn, val_loader, runtime=runtime, num_classes=num_classes)
+        stats = validate()
         log.info(format_test_line(stats))
         metrics.write(event="test", **stats)
         return stats
@@ -313,7 +380,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                         world_size=runtime.dist.world_size, enabled=runtime.dist.is_main, print_freq=args.print_freq)
         stats = train_one_epoch(net, loss_fn, trainer, train_loader, runtime=runtime, amp=amp, steps=steps)
         runtime.sync_batchnorm_stats(net)  # several workers: every rank evaluates (rank 0 saves) the same
-        stats |= evaluate(net, loss_fn, val_loader, runtime=runtime, num_classes=num_classes)
+        stats |= validate()
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
         is_best = best.update(epoch + 1, stats)
@@ -324,11 +391,12 @@ def main(args: argparse.Namespace) -> dict[str, float]:
             params, states, meta = _checkpoint_paths(run_dir / CHECKPOINT)
             net.save_parameters(str(params))
             trainer.save_states(str(states))
-            write_json(meta, checkpoint_meta(**about, epoch=epoch + 1, stats=stats, files=[params.name, states.name]))
+            write_json(meta, checkpoint_meta(**about, epoch=epoch + 1, stats=stats, metric=metric,
+                                              files=[params.name, states.name]))
             if is_best:
                 best.save({".params": params, ".states": states}, epoch=epoch + 1, stats=stats)
     if runtime.dist.is_main:
-        finish_run(run_dir, metrics=metrics, metric="val_top1")
+        finish_run(run_dir, metrics=metrics, metric=metric)
     metrics.close()
     return stats
 

@@ -21,9 +21,9 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
           "--channels-last", "--resume", "--test-only", "--output-dir", "--checkpoint-every", "--seed", "--print-freq",
           "--debug", "-h", "--help"]
 #: Flags one framework has and the others do not yet, each named here so a new one is a decision:
-#: multi-label training exists in the PyTorch and JAX scripts (their loaders are the external-source
-#: one, which TensorFlow's DALI plugin cannot take; MXNet's is not done).
-ONLY_IN = {"pytorch": {"--multi-label"}, "jax": {"--multi-label"}}
+#: multi-label training exists in the PyTorch, JAX and MXNet scripts (their loaders are the
+#: external-source one, which TensorFlow's DALI plugin cannot take).
+ONLY_IN = {"pytorch": {"--multi-label"}, "jax": {"--multi-label"}, "mxnet": {"--multi-label"}}
 
 
 def _parser(framework: str):
