@@ -11,9 +11,13 @@ shard) with ``crossdali.common.squirrel.write_squirrel_store``. Rows:
 - Squirrel + torchvision: ``get_iter(key_hooks=[SplitByWorker])`` -> PIL decode + the v2 train
   preset -> ``batched`` -> ``to_torch_iterable()`` in a ``DataLoader`` with ``--workers``
   processes (the way Squirrel's docs load into PyTorch).
-- Squirrel -> DALI external_source: ``SquirrelSource`` read in the main process (serial) or in one
-  dedicated DALI worker process (``parallel``), decode and augment by DALI on the CPU or the GPU
-  with ``--workers`` threads.
+- Squirrel stream -> DALI external_source: the store iterated as one stream (the DALI + Squirrel
+  tutorial's way), read in the main process (``serial``), in one dedicated DALI worker process, or
+  (GPU) with ``--fetch-threads`` Squirrel threads fetching shards ahead.
+- Squirrel shards -> DALI external_source: ``SquirrelSource`` as a sharded source (each batch a
+  function of its index, ``crossdali.common.external.ShardBatches``), read in the main process or
+  by ``--py-workers`` DALI worker processes, each unpacking different store shards.
+- Decode and augment by DALI on the CPU or the GPU with ``--workers`` threads.
 - DALI fn.readers.file on the same JPEGs as files: what the external source costs against DALI's
   own reader.
 
@@ -25,6 +29,7 @@ batches are consumed as float NCHW tensors on the GPU (CPU in ``--smoke``). Writ
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +56,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--min-seconds", type=float, default=5.0)
     parser.add_argument("--fetch-threads", type=int, default=4,
                         help="Squirrel threads fetching store shards ahead in the extra GPU row (the others: 1)")
+    parser.add_argument("--py-workers", type=int, default=8,
+                        help="DALI Python worker processes of the parallel sharded rows")
     parser.add_argument("--cpu", action="store_true", help="CPU rows only, batches consumed on the CPU (no GPU needed)")
     parser.add_argument("--smoke", action="store_true", help="tiny set, CPU rows only, 64 px: checks the script runs")
     return parser
@@ -111,6 +118,7 @@ def main(args: argparse.Namespace) -> dict:
 
     if args.smoke:
         args.size, args.batch_size, args.workers, args.crop_size, args.min_seconds = "tiny", 32, 2, 64, 0.0
+        args.py_workers = 2
         args.cpu = True
     elif not args.cpu and not torch.cuda.is_available():
         raise usage_error("no CUDA GPU here: pass --cpu for the CPU rows alone (or --smoke)")
@@ -132,6 +140,11 @@ def main(args: argparse.Namespace) -> dict:
 
     bs, crop, workers = args.batch_size, args.crop_size, args.workers
     squirrel = SquirrelSource(args.store, num_classes=source.num_classes)
+    t0 = time.perf_counter()
+    sizes = squirrel.shard_sizes  # counted once (every shard read), before the rows are timed
+    count_s = time.perf_counter() - t0
+    print(f"store: {len(sizes)} shards counted in {count_s:.2f} s", flush=True)
+    stream = functools.partial(iter, squirrel)  # a generator-like callable: the store as one stream
     common = dict(train=True, batch_size=bs, crop_size=crop, workers=workers, device_id=0 if gpu else None)
     backends = ["dali-gpu", "dali-cpu"] if gpu else ["dali-cpu"]
     configs = [("Squirrel + torchvision (PIL, DataLoader)",
@@ -139,21 +152,30 @@ def main(args: argparse.Namespace) -> dict:
     for backend in backends:
         where = "GPU" if backend == "dali-gpu" else "CPU"
         for parallel in (False, True):
-            name = f"Squirrel -> DALI {where} external_source" + (" (parallel worker)" if parallel else " (serial)")
+            name = f"Squirrel stream -> DALI {where} external_source" + (" (one worker process)" if parallel
+                                                                         else " (serial)")
             configs.append((name, lambda b=backend, p=parallel: create_external_source_loader(
-                squirrel, backend=b, feed=ExternalSourceOptions(parallel=p), **common)))
+                stream, backend=b, feed=ExternalSourceOptions(parallel=p), num_classes=source.num_classes, **common)))
         if gpu:  # on the H100 the one-shard-at-a-time stream, not DALI, was the limit (3,047 vs 16,010 img/s)
-            name = f"Squirrel ({args.fetch_threads} fetch threads) -> DALI {where} external_source (serial)"
+            name = f"Squirrel stream ({args.fetch_threads} fetch threads) -> DALI {where} external_source (serial)"
             configs.append((name, lambda b=backend: create_external_source_loader(
-                SquirrelSource(args.store, num_classes=source.num_classes, max_workers=args.fetch_threads),
-                backend=b, **common)))
+                functools.partial(iter, SquirrelSource(args.store, num_classes=source.num_classes,
+                                                       max_workers=args.fetch_threads)), backend=b,
+                num_classes=source.num_classes, **common)))
+        for py_workers in (0, args.py_workers):
+            name = f"Squirrel shards -> DALI {where} external_source " + (
+                f"({py_workers} worker processes)" if py_workers else "(serial)")
+            configs.append((name, lambda b=backend, n=py_workers: create_external_source_loader(
+                squirrel, backend=b, feed=ExternalSourceOptions(parallel=n > 0, py_workers=max(1, n)), **common)))
         configs.append((f"files -> DALI {where} fn.readers.file", lambda b=backend: create_classification_loader(
             source, backend=b, **common)))
 
     report = {
         **environment("external_source", device),
         "squirrel": __import__("importlib.metadata").metadata.version("squirrel-core"),
-        "dataset": {"images": source.num_samples, "store_mib": store_mib},
+        "dataset": {"images": source.num_samples, "store_mib": store_mib, "store_shards": len(sizes),
+                    "shard_count_seconds": round(count_s, 3)},
+        "py_workers": args.py_workers,
         "batch_size": bs,
         "crop_size": crop,
         "workers": workers,
@@ -162,7 +184,7 @@ def main(args: argparse.Namespace) -> dict:
     }
     path = args.out / "external_source.json"
     run_rows([({"name": name}, make) for name, make in configs], device=device, min_seconds=args.min_seconds,
-             report=report, path=path, width=55)
+             report=report, path=path, width=68)
     if plot(report, args.out / "external_source.png"):
         print(f"wrote {path} and {path.with_suffix('.png')}")
     else:

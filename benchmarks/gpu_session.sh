@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -105,14 +105,18 @@ case $phase in
           --read-ahead "$ahead" --out "$out/check_x8_ahead${ahead}_$run"
       done
     done ;;
-  formats)  # issue 13's loaders on the GPU: a Squirrel store through external_source (against Squirrel's own
-    # PyTorch path), WebDataset shards and a multi-label list (against torchvision's DataLoader); needs
-    # squirrel-core staged (../shared/gpu/stage-dali squirrel-core==0.20.2 msgpack msgpack-numpy more-itertools tqdm)
-    step external_source 280 "$py" -m benchmarks.external_source --out "$out"
-    # LOADER_FORMATS_ARGS=--skip-multilabel: the ImageFolder and WebDataset rows only
-    step loader_formats 280 "$py" -m benchmarks.loader_formats --out "$out" ${LOADER_FORMATS_ARGS:-} ;;
+  formats)  # issue 13's loaders on the GPU: the external-source loaders' GPU tests (PyTorch, JAX), then a
+    # Squirrel store through external_source as a stream and as shards (against Squirrel's own PyTorch path);
+    # needs squirrel-core staged (../shared/gpu/stage-dali squirrel-core==0.20.2 msgpack msgpack-numpy more-itertools tqdm)
+    step external_gpu_tests 120 "$py" -m pytest tests/pytorch/test_external_gpu.py tests/jax/test_jax_gpu.py -m gpu \
+      -rA -p no:cacheprovider -q --durations=8
+    step external_source 400 "$py" -m benchmarks.external_source --out "$out" ;;
+  lists)  # WebDataset shards and a multi-label list (against torchvision's DataLoader): 280 s was too short
+    # on 2026-11-26 (cut short in the torchvision multi-label row). LOADER_FORMATS_ARGS=--skip-multilabel:
+    # the ImageFolder and WebDataset rows only
+    step loader_formats 540 "$py" -m benchmarks.loader_formats --out "$out" ${LOADER_FORMATS_ARGS:-} ;;
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)
-    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, checkdepth, checkprof, checkab, checkahead, formats or pack)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, checkdepth, checkprof, checkab, checkahead, formats, lists or pack)" >&2; exit 2 ;;
 esac

@@ -88,9 +88,13 @@ class _MultiLabelDataset(torch.utils.data.Dataset):
 
 
 def _multilabel_torch_loader(source, *, batch_size: int, workers: int, crop: int):
+    # spawned workers: on the H100 (2026-11-26) 15 forked workers, started after the DALI rows (CUDA
+    # up, DALI's threads and Python worker pools alive), delivered nothing in 430 s; the row hung
+    context = "spawn" if workers > 0 else None
     return torch.utils.data.DataLoader(_MultiLabelDataset(source, crop), batch_size=batch_size, shuffle=True,
                                        num_workers=workers, pin_memory=torch.cuda.is_available(),
-                                       persistent_workers=workers > 0, drop_last=False)
+                                       persistent_workers=workers > 0, drop_last=False,
+                                       multiprocessing_context=context)
 
 
 def _mean_kib(files) -> float:

@@ -25,12 +25,20 @@ kinds of source, told apart by what they offer:
   loudly if its part is shorter. DALI does not checkpoint iterables; ``StreamBatches(skip=...)``
   re-reads and skips the batches already consumed, so a deterministic stream resumes exactly.
 
+- **sharded** (a store of shards, each read whole: ``shard_sizes`` + ``read_shard(i)``, e.g.
+  ``crossdali.common.squirrel.SquirrelSource``): read per batch by ``ShardBatches``, a stateless
+  function of DALI's ``BatchInfo``, so with ``parallel=True`` every DALI worker builds different
+  batches (a stream has one worker). Each rank keeps the shards ``rank, rank + world, ...``;
+  training reshuffles the shard order and the order inside each shard every epoch; equal step
+  counts per rank (the shard sizes are known), exact mid-epoch resume from a DALI checkpoint.
+
 Samples that are not an image DALI decodes (a GIF, an HTML error page) are refused with the
 sample's index, not converted: a training set should be fixed once, not on every epoch.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import inspect
 import itertools
@@ -50,7 +58,8 @@ from crossdali.common.loaders import SplitPlan
 from crossdali.common.options import PipelineOptions, check_backend
 from crossdali.common.sources import DataError, sniff_image_bytes
 
-__all__ = ["ExternalData", "ExternalSourceOptions", "ExternalPlan", "IndexedSamples", "StreamBatches", "prepare_external_source",
+__all__ = ["ExternalData", "ExternalSourceOptions", "ExternalPlan", "IndexedSamples", "ShardBatches", "StreamBatches",
+           "prepare_external_source",
            "create_external_source_pipeline", "to_sample",
            "batches_in_epoch", "stream_checkpoint_warning_silenced"]
 
@@ -62,7 +71,7 @@ class ExternalData:
     """A user's source as a split: what ``SplitPlan.source`` holds for an external source."""
 
     source: Any
-    kind: str  # "indexed" | "stream"
+    kind: str  # "indexed" | "stream" | "sharded"
     num_samples: int  # the whole dataset (all ranks); 0 when a stream's length is unknown
     num_classes: int
     name: str
@@ -279,6 +288,99 @@ class StreamBatches:
                             "must give per epoch (from num_samples); pass the stream's true length as num_samples")
 
 
+def rank_shards(num_shards_in_store: int, rank: int, world: int) -> range:
+    """The store shards rank ``rank`` of ``world`` reads: ``rank, rank + world, ...``."""
+    return range(rank, num_shards_in_store, world)
+
+
+def sharded_limit(sizes: tuple[int, ...], *, batch_size: int, rank: int, world: int,
+                  policy: LastBatchPolicy) -> int:
+    """Samples per epoch rank ``rank`` delivers from a sharded source: all of its shards' samples,
+    or (``DROP``) the whole batches the smallest rank can fill, so every rank takes as many steps."""
+    if policy == LastBatchPolicy.DROP:
+        smallest = min(sum(sizes[s] for s in rank_shards(len(sizes), r, world)) for r in range(world))
+        return smallest // batch_size * batch_size
+    return sum(sizes[s] for s in rank_shards(len(sizes), rank, world))
+
+
+class ShardBatches:
+    """``fn.external_source`` callable (``batch=True``, ``batch_info=True``): ``BatchInfo`` -> one
+    batch of a sharded source (``source.shard_sizes``, ``source.read_shard(i)`` -> that shard's
+    ``(encoded, label)`` items; ``source.keys`` names the shards in errors when it has them).
+
+    An epoch on this rank is the samples of its shards (``rank_shards``), one shard after the
+    other; training reshuffles the shard order and the order inside each shard from (``seed``,
+    epoch), val keeps the store's order. Batch ``b`` is samples ``[b * batch_size, (b + 1) *
+    batch_size)`` of that sequence, cut at ``limit`` (``sharded_limit``): a pure function of the
+    epoch and ``b``, so DALI's worker processes build different batches with no shared state, and
+    DALI's checkpoint restores the position. A batch reads every shard it overlaps whole; the last
+    ``cache`` shards read are kept per process, since consecutive batches often share one.
+    """
+
+    def __init__(self, source: Any, *, batch_size: int, num_classes: int, name: str, shard_id: int, num_shards: int,
+                 shuffle: bool, seed: int, policy: LastBatchPolicy, epoch_offset: int = 0, multi_label: bool = False,
+                 cache: int = 2) -> None:
+        self.source, self.batch_size, self.num_classes, self.name = source, batch_size, num_classes, name
+        self.sizes = tuple(int(n) for n in source.shard_sizes)
+        self.mine = tuple(rank_shards(len(self.sizes), shard_id, num_shards))
+        self.shuffle, self.seed, self.epoch_offset, self.multi_label = shuffle, seed, epoch_offset, multi_label
+        self.limit = sharded_limit(self.sizes, batch_size=batch_size, rank=shard_id, world=num_shards, policy=policy)
+        self.cache = cache
+        self._layout_epoch, self._layout = None, None
+        self._read: dict[int, list] = {}  # shard -> items, the most recently read last
+
+    def _epoch_layout(self, epoch: int) -> tuple[list[int], list[int]]:
+        """This rank's shards in reading order and the epoch position where each starts."""
+        if self._layout_epoch != epoch:
+            order = list(self.mine)
+            if self.shuffle:
+                order = [order[i] for i in np.random.default_rng([self.seed, epoch]).permutation(len(order))]
+            starts = np.concatenate([[0], np.cumsum([self.sizes[s] for s in order])[:-1]]).tolist() if order else []
+            self._layout_epoch, self._layout = epoch, (order, starts)
+        return self._layout
+
+    def _shard_name(self, shard: int) -> str:
+        keys = getattr(self.source, "keys", None)
+        return f"shard {keys[shard]!r}" if keys is not None else f"shard {shard}"
+
+    def _items(self, shard: int) -> list:
+        if shard in self._read:
+            self._read[shard] = self._read.pop(shard)  # most recently used last
+        else:
+            items = list(self.source.read_shard(shard))
+            if len(items) != self.sizes[shard]:
+                raise DataError(f"{self._shard_name(shard)} of {self.name} holds {len(items)} samples, not the "
+                                f"{self.sizes[shard]} counted when the loader was built: was the store rewritten "
+                                "while training? Build the loader again")
+            self._read[shard] = items
+            while len(self._read) > self.cache:
+                self._read.pop(next(iter(self._read)))
+        return self._read[shard]
+
+    def __call__(self, info) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        epoch = info.epoch_idx + self.epoch_offset
+        start = info.iteration * self.batch_size
+        stop = min(start + self.batch_size, self.limit)
+        if start >= stop:
+            raise StopIteration
+        order, starts = self._epoch_layout(epoch)
+        k = bisect.bisect_right(starts, start) - 1
+        encoded, labels = [], []
+        while start < stop:
+            shard, first = order[k], starts[k]
+            items = self._items(shard)
+            inner = np.random.default_rng([self.seed, epoch, shard]).permutation(len(items)) if self.shuffle \
+                else np.arange(len(items))
+            end = min(stop - first, len(items))
+            for j in inner[start - first:end]:
+                data, label = to_sample(items[j], index=f"{j} of {self._shard_name(shard)}", name=self.name,
+                                        num_classes=self.num_classes, multi_label=self.multi_label)
+                encoded.append(data)
+                labels.append(label)
+            start, k = first + end, k + 1
+        return encoded, labels
+
+
 @dataclass(frozen=True)
 class ExternalPlan:
     """An external source resolved for this process: the split plan (epoch rule, shard) and how to
@@ -287,7 +389,7 @@ class ExternalPlan:
     plan: SplitPlan
     data: ExternalData
     feed: ExternalSourceOptions
-    shard_mode: str  # indexed: "global"; stream: "self" (source.shard) | "stride" | "none"
+    shard_mode: str  # indexed: "global"; sharded: "store"; stream: "self" (source.shard) | "stride" | "none"
     seed: int
     transform: ClassificationTransform
 
@@ -324,9 +426,20 @@ class ExternalPlan:
                              name=self.data.name, batched=self.feed.batched, stride=stride, limit=limit, skip=skip,
                              multi_label=self.data.multi_label)
 
+    def _sharded(self, options: PipelineOptions, *, epoch_offset: int = 0) -> ShardBatches:
+        return ShardBatches(self.data.source, batch_size=self.plan.batch_size, num_classes=self.data.num_classes,
+                            name=self.data.name, shard_id=options.shard_id, num_shards=options.num_shards,
+                            shuffle=self.plan.train, seed=self.seed, policy=self.plan.policy,
+                            epoch_offset=epoch_offset, multi_label=self.data.multi_label)
+
     def samples_in_epoch(self, options: PipelineOptions) -> int | None:
-        """Samples this rank delivers per epoch: exact for indexed sources, ``None`` for streams."""
-        return self._indexed(options).samples_in_epoch if self.kind == "indexed" else None
+        """Samples this rank delivers per epoch: exact for indexed and sharded sources, ``None`` for streams."""
+        if self.kind == "indexed":
+            return self._indexed(options).samples_in_epoch
+        if self.kind == "sharded":
+            return sharded_limit(tuple(self.data.source.shard_sizes), batch_size=self.plan.batch_size,
+                                 rank=options.shard_id, world=options.num_shards, policy=self.plan.policy)
+        return None
 
     def build(self, options: PipelineOptions, *, skip_batches: int = 0, epoch_offset: int = 0):
         """The pipeline (outputs ``images``, ``labels``) over this rank's part of the source.
@@ -334,34 +447,47 @@ class ExternalPlan:
         ``epoch_offset``: epochs already done when DALI starts at epoch 0 (resume without checkpoint)."""
         if self.kind == "indexed":
             callback = self._indexed(options, epoch_offset=epoch_offset)
+        elif self.kind == "sharded":
+            callback = self._sharded(options, epoch_offset=epoch_offset)
         else:
             callback = self._stream(options, skip=skip_batches)
         return create_external_source_pipeline(
-            callback, batch=self.kind == "stream", train=self.plan.train, options=options, transform=self.transform,
-            parallel=self.feed.parallel, py_start_method=self.feed.py_start_method,
-            py_workers=self.feed.py_workers if self.kind == "indexed" else 1,  # a stream has one dedicated worker
+            callback, batch=self.kind != "indexed", batch_info=self.kind == "sharded", train=self.plan.train,
+            options=options, transform=self.transform, parallel=self.feed.parallel,
+            py_start_method=self.feed.py_start_method,
+            py_workers=1 if self.kind == "stream" else self.feed.py_workers,  # a stream has one dedicated worker
             multi_label=self.data.multi_label)
 
 
 def create_external_source_pipeline(callback, *, batch: bool, train: bool, options: PipelineOptions,
                                     transform: ClassificationTransform | None = None, parallel: bool = False,
-                                    py_workers: int = 1, py_start_method: str = "fork", multi_label: bool = False):
+                                    py_workers: int = 1, py_start_method: str = "fork", multi_label: bool = False,
+                                    batch_info: bool = False):
     """Build (not start) a pipeline: ``fn.external_source(callback)`` -> crossdali's train or val
-    transform. ``callback``: an ``IndexedSamples`` (``batch=False``) or a generator function of
-    batches (``batch=True``). ``parallel`` runs it in ``py_workers`` DALI worker processes.
+    transform. ``callback``: an ``IndexedSamples`` (``batch=False``), a generator function of
+    batches (``batch=True``), or with ``batch_info`` a ``ShardBatches`` (a function of DALI's
+    ``BatchInfo``). ``parallel`` runs it in ``py_workers`` DALI worker processes.
     ``multi_label``: labels are float32 multi-hot vectors, not int64 class indices."""
     from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
 
     kwargs = options.pipeline_kwargs()
     if parallel:
         kwargs.update(py_num_workers=py_workers, py_start_method=py_start_method)
+    source_kwargs = {}
+    if batch_info:
+        source_kwargs["batch_info"] = True
+    elif batch:
+        source_kwargs["cycle"] = "raise"  # a generator function: one epoch per call
+    if parallel:
+        # per-batch callables hand each batch to one worker: as many batches ahead as there are workers
+        depth = max(options.prefetch_queue_depth, py_workers) if batch_info else options.prefetch_queue_depth
+        source_kwargs["prefetch_queue_depth"] = depth
 
     @pipeline_def(**kwargs)
     def external_pipeline():
         jpegs, labels = fn.external_source(
-            source=callback, num_outputs=2, batch=batch, parallel=parallel, cycle="raise" if batch else None,
-            dtype=[types.UINT8, types.FLOAT if multi_label else types.INT64], ndim=[1, 1],
-            **(dict(prefetch_queue_depth=options.prefetch_queue_depth) if parallel else {}))
+            source=callback, num_outputs=2, batch=batch, parallel=parallel,
+            dtype=[types.UINT8, types.FLOAT if multi_label else types.INT64], ndim=[1, 1], **source_kwargs)
         images = augment_classification(jpegs, train=train, options=options, transform=transform)
         if options.device == "gpu":
             labels = labels.gpu()
@@ -428,7 +554,15 @@ def prepare_external_source(
     name = name or _describe(source)
     classes = _classes(source, num_classes)
     takes_index = callable(source) and not inspect.isgeneratorfunction(source) and _arity(source) >= 1
-    if hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, (str, bytes)):
+    if hasattr(source, "shard_sizes") and hasattr(source, "read_shard"):
+        sizes = tuple(source.shard_sizes)
+        kind, n = "sharded", sum(sizes)
+        if num_samples is not None and num_samples != n:
+            raise ValueError(f"num_samples={num_samples} but {name} holds {n} samples; leave num_samples out")
+        if len(sizes) < dist.world_size:
+            raise ValueError(f"{name} has {len(sizes)} shards, fewer than the {dist.world_size} ranks reading it; "
+                             "write it with fewer samples per shard")
+    elif hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, (str, bytes)):
         kind, n = "indexed", len(source)
         if num_samples is not None and num_samples != n:
             raise ValueError(f"num_samples={num_samples} but len({name}) is {n}; leave num_samples out")
@@ -441,12 +575,14 @@ def prepare_external_source(
     else:
         raise TypeError(f"{name} is neither indexable (len + [i]), a callable fn(i), nor iterable; "
                         "give a dataset, a function of the sample index, or an iterable of (bytes, label)")
-    if batched and kind == "indexed":
-        raise ValueError("batched=True is for streams that yield whole batches; an indexed source gives samples")
+    if batched and kind != "stream":
+        raise ValueError(f"batched=True is for streams that yield whole batches; an {kind} source gives samples")
     if kind == "indexed" and n < dist.world_size:
         raise ValueError(f"{name} has {n} samples, fewer than the {dist.world_size} ranks that share it")
     if kind == "indexed":
         shard_mode = "global"
+    elif kind == "sharded":
+        shard_mode = "store"
     elif shard == "auto":
         shard_mode = "self" if hasattr(source, "shard") else "stride"
     else:
@@ -488,6 +624,11 @@ def batches_in_epoch(plan: ExternalPlan) -> int | None:
     """Batches per epoch on each rank, ``None`` for a stream of unknown length."""
     if not plan.sized:
         return None
+    if plan.kind == "sharded":  # ranks hold whole store shards: this rank's own count
+        dist = plan.plan.dist
+        limit = sharded_limit(tuple(plan.data.source.shard_sizes), batch_size=plan.plan.batch_size, rank=dist.rank,
+                              world=dist.world_size, policy=plan.plan.policy)
+        return math.ceil(limit / plan.plan.batch_size)
     return batches_per_epoch(plan.data.num_samples, batch_size=plan.plan.batch_size,
                              num_shards=plan.plan.dist.world_size, policy=plan.plan.policy)
 

@@ -102,7 +102,7 @@ class ExternalLoaderMixin:
                                  "checkpointing: pass checkpointing=True to the loader factory")
             self._offset = int(state.get("epoch_offset", 0))  # DALI restores its own epoch index
             self._options = replace(self._options, checkpoint=decode_dali_checkpoint(state["dali"]))
-        elif self.ext.kind == "indexed":
+        elif self.ext.kind != "stream":  # indexed or sharded: a function of DALI's epoch index
             self._offset = self.epoch  # DALI starts at its epoch 0: shift to the epoch we are at
             if self._samples:
                 log.warning("loader state without a DALI checkpoint: the epoch counter is restored, but epoch %d "

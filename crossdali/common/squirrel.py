@@ -3,18 +3,26 @@
 
 A ``MessagepackDriver`` store holds shards (gzip'd msgpack files) of ``{"key", "image": JPEG
 bytes, "label": int}`` samples. ``write_squirrel_store`` writes one from a crossdali
-``DataSource`` (the sample set); ``SquirrelSource`` streams it as ``(bytes, label)`` pairs, and
-shards itself by store shard (``shard(rank, world)``: rank ``r`` reads shards ``r, r + world,
-...``), so every sample is read by exactly one rank and no rank reads another's bytes.
+``DataSource`` (the sample set). ``SquirrelSource`` gives it to the external-source loader as a
+*sharded* source (``shard_sizes`` + ``read_shard``: ``crossdali.common.external.ShardBatches``),
+so DALI's Python workers each read and unpack different store shards; rank ``r`` reads shards
+``r, r + world, ...``, so every sample is read by exactly one rank and no rank reads another's
+bytes. Iterating it (or ``shard(rank, world)``) streams it as ``(bytes, label)`` pairs, the way
+the DALI + Squirrel tutorial feeds DALI.
 
 Squirrel is imported only when a store is written or read (``pip install squirrel-core``).
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 __all__ = ["SquirrelSource", "write_squirrel_store"]
+
+log = logging.getLogger(__name__)
 
 
 def _driver(url: str):
@@ -50,16 +58,37 @@ def _pair(sample: dict) -> tuple[bytes, int]:
 class SquirrelSource:
     """The samples of a Squirrel messagepack store as ``(jpeg bytes, label)``, in shard-key order.
 
-    Re-iterable (each ``iter`` reads the store again: one epoch) and picklable (DALI's ``spawn``
-    workers). ``max_workers`` threads fetch shards ahead (Squirrel's ``async_map``; 1: in order,
-    one at a time). ``num_classes`` is what the loader reports. ``shard(i, n)`` gives the source
-    restricted to every n-th store shard from i; ``keys`` restricts it explicitly.
+    A sharded source for the external-source loader: ``shard_sizes`` (samples per store shard,
+    counted once by reading every shard in ``max_workers`` threads, unless given) and
+    ``read_shard(i)``. Also re-iterable as a stream (each ``iter`` reads the store again: one
+    epoch; ``max_workers`` threads fetch shards ahead, Squirrel's ``async_map``), and picklable
+    (DALI's ``spawn`` workers; the sizes travel with it). ``num_classes`` is what the loader
+    reports. ``shard(i, n)`` gives the source restricted to every n-th store shard from i;
+    ``keys`` restricts it explicitly.
     """
 
     def __init__(self, url: str | Path, *, num_classes: int, max_workers: int | None = 1,
-                 keys: tuple[str, ...] | None = None) -> None:
+                 keys: tuple[str, ...] | None = None, shard_sizes: tuple[int, ...] | None = None) -> None:
         self.url, self.num_classes, self.max_workers = str(url), num_classes, max_workers
         self._keys = keys
+        self._sizes = tuple(shard_sizes) if shard_sizes is not None else None
+        if self._sizes is not None and keys is not None and len(self._sizes) != len(keys):
+            raise ValueError(f"{len(self._sizes)} shard_sizes for {len(keys)} keys; give one size per shard")
+
+    def read_shard(self, i: int) -> list[tuple[bytes, int]]:
+        """The samples of store shard ``keys[i]``, in their stored order."""
+        return [_pair(sample) for sample in _driver(self.url).store.get(self.keys[i])]
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        if self._sizes is None:
+            start = time.perf_counter()
+            driver = _driver(self.url)
+            with ThreadPoolExecutor(max(8, self.max_workers or 1)) as pool:
+                self._sizes = tuple(pool.map(lambda key: sum(1 for _ in driver.store.get(key)), self.keys))
+            log.info("%r: counted %d samples in %d shards in %.1f s (pass shard_sizes= to skip this)", self,
+                     sum(self._sizes), len(self._sizes), time.perf_counter() - start)
+        return self._sizes
 
     @property
     def keys(self) -> tuple[str, ...]:

@@ -87,3 +87,32 @@ def test_gpu_training_step_runs_on_dali_gpu_batches(data_root, tiny_classificati
          "--output-dir", str(tmp_path)]))
     print(stats)
     assert stats["val_samples"] == 55 and stats["train_samples"] == 264 and stats["val_top1"] >= 40.0, stats
+
+
+def test_external_source_loader_on_the_gpu_bit_identical_to_pytorch(indexed_val_source, assert_epoch_coverage):
+    """``crossdali.jax.create_external_source_loader`` with ``dali-gpu``: jax.Arrays on the GPU, every
+    sample once over two shards with spawned DALI workers, the same bits as PyTorch's loader."""
+    torch = pytest.importorskip("torch")
+    from pathlib import Path
+
+    from crossdali.jax.external import ExternalSourceOptions, create_external_source_loader
+    from crossdali.pytorch.external import create_external_source_loader as create_torch_loader
+
+    items = [(Path(f).read_bytes(), label) for f, label in zip(indexed_val_source.files, indexed_val_source.labels)]
+    kwargs = dict(backend="dali-gpu", batch_size=8, crop_size=32, num_classes=55, workers=2, seed=5)
+    seen = []
+    for rank in range(2):
+        loader = create_external_source_loader(items, train=False, dist=DistInfo(rank=rank, world_size=2),
+                                               feed=ExternalSourceOptions(parallel=True, py_workers=2), **kwargs)
+        batches = list(loader)
+        assert all(_on_gpu(x) and _on_gpu(y) and x.shape[1:] == (32, 32, 3) for x, y in batches)
+        seen.append([int(i) for _, y in batches for i in np.asarray(y)])
+    assert_epoch_coverage(seen, 55)
+    ours = [(np.asarray(x), np.asarray(y)) for x, y in create_external_source_loader(items, train=True, layout="CHW",
+                                                                                      **kwargs)]
+    theirs = [(x.cpu().numpy(), y.cpu().numpy()) for x, y in create_torch_loader(items, train=True, **kwargs)]
+    assert len(ours) == len(theirs) == 7
+    for (xa, ya), (xb, yb) in zip(ours, theirs):
+        np.testing.assert_array_equal(ya, yb)
+        assert (xa.view(np.uint8) == xb.view(np.uint8)).all()  # bit for bit
+    assert torch.cuda.is_available()

@@ -1,5 +1,6 @@
 """``benchmarks/external_source.py --smoke``: the Squirrel-vs-DALI benchmark runs its real rows
-(Squirrel's PyTorch path, DALI external_source serial and parallel, DALI's file reader) on the tiny
+(Squirrel's PyTorch path, the store as a stream and as shards into DALI external_source, serial and
+in DALI worker processes, DALI's file reader) on the tiny
 set and writes a JSON with a positive rate and no error per row, and a plot."""
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ def test_external_source_benchmark_smoke(tmp_path, data_root):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "external_source.json").read_text())
     rows = {r["name"]: r for r in report["results"]}
-    assert set(rows) == {"Squirrel + torchvision (PIL, DataLoader)", "Squirrel -> DALI CPU external_source (serial)",
-                         "Squirrel -> DALI CPU external_source (parallel worker)", "files -> DALI CPU fn.readers.file"}
+    assert set(rows) == {"Squirrel + torchvision (PIL, DataLoader)",
+                         "Squirrel stream -> DALI CPU external_source (serial)",
+                         "Squirrel stream -> DALI CPU external_source (one worker process)",
+                         "Squirrel shards -> DALI CPU external_source (serial)",
+                         "Squirrel shards -> DALI CPU external_source (2 worker processes)",
+                         "files -> DALI CPU fn.readers.file"}
     for row in rows.values():
         assert "error" not in row, row
         assert row["epochs"] >= 2 and row["images"] == 264 * row["epochs"] and row["img_s"] > 0, row  # whole epochs

@@ -56,18 +56,27 @@ def test_external_gpu_val_equals_the_gpu_file_reader(val_items, indexed_val_sour
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
-def test_squirrel_stream_on_the_gpu(tiny_classification, tmp_path):
+def test_squirrel_store_on_the_gpu_in_spawned_workers(tiny_classification, tmp_path):
+    """The store as shards, read by 3 spawned DALI workers (CUDA is up): every sample once per
+    epoch, and the same bits as reading the shards in this process."""
     pytest.importorskip("squirrel")
     from crossdali.common.squirrel import SquirrelSource, write_squirrel_store
 
+    torch.zeros(1, device="cuda")
     val = resolve_source(tiny_classification / "imagefolder", "val")
     write_squirrel_store(val, tmp_path / "store", samples_per_shard=8)
-    loader = create_external_source_loader(SquirrelSource(tmp_path / "store", num_classes=11), train=True,
-                                           backend="dali-gpu", batch_size=8, crop_size=CROP, workers=2,
-                                           feed=ExternalSourceOptions(parallel=True))
+    source = SquirrelSource(tmp_path / "store", num_classes=11)
+
+    def loader(**feed):
+        return create_external_source_loader(source, train=True, backend="dali-gpu", batch_size=8, crop_size=CROP,
+                                             workers=2, seed=7, feed=ExternalSourceOptions(**feed))
+
+    parallel = loader(parallel=True, py_workers=3)
     for _ in range(2):
-        labels = [y for x, y in loader]
+        labels = [y for x, y in parallel]
         assert sorted(torch.cat(labels).tolist()) == sorted(val.labels)
+    for (a, la), (b, lb) in zip(loader(parallel=True, py_workers=3), loader(), strict=True):
+        assert a.is_cuda and torch.equal(a, b) and torch.equal(la, lb)
 
 
 def test_predictor_on_the_gpu_matches_the_cpu_one(tiny_classification, tmp_path):

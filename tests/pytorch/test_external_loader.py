@@ -129,7 +129,7 @@ def test_corrupt_jpeg_names_the_source(val_items):
         _epoch(_loader(items, train=False, name="my-source"))
 
 
-def test_squirrel_store_streams_through_dali(tiny_classification, tmp_path, assert_epoch_coverage):
+def test_squirrel_store_through_dali_workers(tiny_classification, tmp_path, assert_epoch_coverage):
     pytest.importorskip("squirrel")
     from crossdali.common.sources import resolve_source
     from crossdali.common.squirrel import SquirrelSource, write_squirrel_store
@@ -137,6 +137,7 @@ def test_squirrel_store_streams_through_dali(tiny_classification, tmp_path, asse
     val = resolve_source(tiny_classification / "imagefolder", "val")
     assert write_squirrel_store(val, tmp_path / "store", samples_per_shard=8) == 55
     source = SquirrelSource(tmp_path / "store", num_classes=val.num_classes)
+    assert source.shard_sizes == (8,) * 6 + (7,)  # counted once, then read per batch by DALI's workers
     reference = list(create_classification_loader(val, train=False, batch_size=8, crop_size=CROP, workers=2))
     # spawn: the start method a CUDA process needs, so the source must pickle
     loader = create_external_source_loader(source, train=False, batch_size=8, crop_size=CROP, workers=2,
@@ -154,3 +155,75 @@ def test_squirrel_store_streams_through_dali(tiny_classification, tmp_path, asse
                                                dist=DistInfo(rank=rank, world_size=2))
         assert sum(len(labels) for _, labels in loader) == len(seen[-1])
     assert_epoch_coverage(seen, 55)
+
+
+class _Shelves:
+    """A sharded source in memory (``shard_sizes`` + ``read_shard``): the val items cut into shards of
+    uneven sizes, so batches straddle shards. Counts its shard reads; picklable for spawned workers."""
+
+    def __init__(self, items, sizes) -> None:
+        assert sum(sizes) == len(items)
+        self.shard_sizes, self.num_classes, self.reads = tuple(sizes), 55, 0
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.shards = [items[s:s + n] for s, n in zip(starts, sizes)]
+
+    def read_shard(self, i):
+        self.reads += 1
+        return self.shards[i]
+
+
+SIZES = (9, 4, 13, 7, 8, 1, 13)  # 55 samples in 7 shards
+
+
+def test_sharded_source_epochs_shards_workers_and_resume(val_items, assert_epoch_coverage):
+    source = _Shelves(val_items, SIZES)
+    val = _loader(source, train=False)
+    assert len(val) == 7 and _ids(_epoch(val)) == list(range(55))  # val: store order, every sample once
+    # two ranks hold shards 0,2,4,6 (43 samples) and 1,3,5 (12): val keeps them all ...
+    parts = [_loader(source, train=False, dist=DistInfo(rank=r, world_size=2)) for r in range(2)]
+    assert [len(p) for p in parts] == [6, 2]
+    assert_epoch_coverage([_ids(_epoch(p)) for p in parts], 55)
+    # ... training takes the whole batches the smaller rank fills (DROP: one step of 8 on each rank)
+    parts = [_loader(source, dist=DistInfo(rank=r, world_size=2)) for r in range(2)]
+    assert [len(p) for p in parts] == [1, 1] and [len(_ids(_epoch(p))) for p in parts] == [8, 8]
+
+    train = _loader(source, seed=3)
+    first, second = _ids(_epoch(train)), _ids(_epoch(train))
+    assert_epoch_coverage([first], 55)
+    assert_epoch_coverage([second], 55)
+    assert first != second  # shard order and order inside the shards reshuffled every epoch
+    # a pure function of (epoch, batch): DALI's worker processes build the very same batches
+    serial = _epoch(_loader(source, seed=3))
+    parallel = _epoch(_loader(source, seed=3, feed=ExternalSourceOptions(parallel=True, py_workers=3)))
+    assert _ids(serial) == first
+    for (a, la), (b, lb) in zip(serial, parallel, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+    loader = _loader(source, seed=3, checkpointing=True)
+    _epoch(loader)  # the resume is inside epoch 2
+    it = iter(loader)
+    head = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    rest = list(it)
+    restored = _loader(source, seed=3, checkpointing=True)
+    restored.load_state_dict(json.loads(json.dumps(state)))
+    resumed = list(restored)
+    assert _ids(head + resumed) == second
+    for (a, la), (b, lb) in zip(rest, resumed, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_sharded_source_errors_name_the_shard(val_items):
+    items = list(val_items)
+    items[20] = (b"GIF89a" + items[20][0][6:], 20)
+    with pytest.raises(DataError, match=r"sample 7 of shard 2 of .* is a GIF file"):
+        _epoch(_loader(_Shelves(items, SIZES), train=False))  # item 20 = shard 2 (from 13), position 7
+    source = _Shelves(val_items, SIZES)
+    loader = _loader(source, train=False)
+    source.shards[1] = source.shards[1][:3]  # the store changed under the loader
+    with pytest.raises(DataError, match="shard 1 of .* holds 3 samples, not the 4 counted"):
+        _epoch(loader)
+    with pytest.raises(ValueError, match="7 shards, fewer than the 8 ranks"):
+        _loader(source, dist=DistInfo(rank=0, world_size=8))
+    with pytest.raises(ValueError, match="batched=True is for streams"):
+        _loader(source, feed=ExternalSourceOptions(batched=True))
