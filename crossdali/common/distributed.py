@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ENGINES", "LAUNCHER_VARIABLES", "DistInfo", "detect_distributed"]
+__all__ = ["ENGINES", "LAUNCHER_VARIABLES", "DistInfo", "detect_distributed", "gather_rows_by_sum"]
 
 #: launcher name -> (rank, world size, local rank) variable names, in detection order.
 LAUNCHER_VARIABLES: dict[str, tuple[str, str, str]] = {
@@ -103,3 +103,27 @@ def detect_distributed(env: Mapping[str, str] | None = None) -> DistInfo:
                              "check the launcher's command line")
         return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, launcher=launcher)
     return DistInfo()
+
+
+def gather_rows_by_sum(rows, *, rank: int, world: int, sum_values, sum_array):
+    """Every rank's ``rows`` (n_rank, ...) stacked in rank order, on every rank, written with the one
+    collective every engine here has, a sum (``sum_values``: a list of floats; ``sum_array``: a
+    float64 numpy array of the same shape on every rank). What multi-label mAP needs: average
+    precision ranks the scores of the whole val set.
+
+    Each rank places its rows in its own slot of a zero block of ``world x max(n_rank)`` rows and
+    the blocks are summed (float64: scores and 0/1 targets come back exact). Costs ``world`` times
+    the largest part in memory.
+    """
+    import numpy as np
+
+    if world == 1:
+        return rows
+    counts = [0.0] * world
+    counts[rank] = float(len(rows))
+    counts = [int(c) for c in sum_values(counts)]
+    block = np.zeros((world, max(counts), *rows.shape[1:]), dtype=np.float64)
+    block[rank, :len(rows)] = rows
+    summed = np.asarray(sum_array(block), dtype=np.float64).reshape(block.shape)
+    return np.concatenate([summed[r, :counts[r]] for r in range(world)]).astype(rows.dtype)
+

@@ -59,7 +59,7 @@ from crossdali.common.options import PipelineOptions, check_backend
 from crossdali.common.sources import DataError, sniff_image_bytes
 
 __all__ = ["ExternalData", "ExternalSourceOptions", "ExternalPlan", "IndexedSamples", "ShardBatches", "StreamBatches",
-           "prepare_external_source",
+           "prepare_external_source", "PACKED_INPUT", "pack_sample", "create_packed_external_source_pipeline",
            "create_external_source_pipeline", "to_sample",
            "batches_in_epoch", "stream_checkpoint_warning_silenced"]
 
@@ -441,6 +441,38 @@ class ExternalPlan:
                                  rank=options.shard_id, world=options.num_shards, policy=self.plan.policy)
         return None
 
+    def padded_rows(self, options: PipelineOptions) -> list[int]:
+        """Real rows of each batch of one epoch on this rank, the epoch padded to whole batches
+        (what ``packed_samples`` delivers): every batch full but the last."""
+        n, b = self.samples_in_epoch(options), self.plan.batch_size
+        if n is None:
+            raise ValueError(f"{self.data.name} is a stream: its epochs cannot be laid out in advance")
+        return [min(b, n - start) for start in range(0, n, b)]
+
+    def packed_samples(self, options: PipelineOptions, *, start_epoch: int = 0):
+        """Endless generator of ``pack_sample`` arrays: epoch after epoch from ``start_epoch`` (each
+        reshuffled as the DALI-fed loaders reshuffle it), every epoch padded to whole batches by
+        repeating its last sample. For an input that DALI does not pull itself (TensorFlow's
+        ``DALIDatasetWithInputs``); indexed and sharded sources only (a stream has no epoch layout)."""
+        if self.kind == "indexed":
+            read = self._indexed(options)
+            for epoch in itertools.count(start_epoch):
+                for idx in range(read.padded):
+                    yield pack_sample(*read(_Position(epoch_idx=epoch, idx_in_epoch=idx)))
+        elif self.kind == "sharded":
+            read = self._sharded(options)
+            for epoch in itertools.count(start_epoch):
+                for b in itertools.count():
+                    try:
+                        encoded, labels = read(_Position(epoch_idx=epoch, iteration=b))
+                    except StopIteration:
+                        break
+                    for k in range(self.plan.batch_size):
+                        i = min(k, len(encoded) - 1)  # the last batch padded with its last sample
+                        yield pack_sample(encoded[i], labels[i])
+        else:
+            raise ValueError(f"{self.data.name} is a stream: its epochs cannot be laid out in advance")
+
     def build(self, options: PipelineOptions, *, skip_batches: int = 0, epoch_offset: int = 0):
         """The pipeline (outputs ``images``, ``labels``) over this rank's part of the source.
         ``skip_batches``: a stream's batches already consumed in the first epoch (resume);
@@ -494,6 +526,49 @@ def create_external_source_pipeline(callback, *, batch: bool, train: bool, optio
         return images, labels
 
     return external_pipeline()
+
+
+@dataclass(frozen=True)
+class _Position:
+    """What DALI's ``SampleInfo``/``BatchInfo`` tell the readers, for callers other than DALI."""
+
+    epoch_idx: int
+    idx_in_epoch: int = 0
+    iteration: int = 0
+
+
+#: The name of the one input of the packed pipeline (``create_packed_external_source_pipeline``).
+PACKED_INPUT = "samples"
+
+
+def pack_sample(data: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """One sample as one uint8 array: the label's bytes (int64, or float32 multi-hot), then the
+    encoded image. For inputs that carry one tensor per sample (TensorFlow's
+    ``DALIDatasetWithInputs`` takes no multi-output source); ``create_packed_external_source_pipeline``
+    splits it again."""
+    return np.concatenate([np.ascontiguousarray(label).view(np.uint8).reshape(-1), data])
+
+
+def create_packed_external_source_pipeline(*, train: bool, options: PipelineOptions, num_classes: int,
+                                           transform: ClassificationTransform | None = None,
+                                           multi_label: bool = False):
+    """Build (not start) the external-source pipeline over one named input (``PACKED_INPUT``) of
+    ``pack_sample`` arrays: the label's bytes are cut off and reinterpreted, the image goes
+    through crossdali's train or val transform (the graph ``create_external_source_pipeline`` runs)."""
+    from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
+
+    width, dtype, shape = (4 * num_classes, types.FLOAT, [num_classes]) if multi_label else (8, types.INT64, [1])
+
+    @pipeline_def(**options.pipeline_kwargs())
+    def packed_pipeline():
+        packed = fn.external_source(name=PACKED_INPUT, dtype=types.UINT8, ndim=1)
+        labels = fn.reinterpret(packed[0:width], dtype=dtype, shape=shape)
+        images = augment_classification(packed[width:], train=train, options=options, transform=transform)
+        if options.device == "gpu":
+            labels = labels.gpu()
+        return images, labels
+
+    return packed_pipeline()
 
 
 @contextlib.contextmanager

@@ -91,6 +91,7 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
                  engine_help="gradient averaging; auto: horovod when a launcher started several processes, "
                              "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set",
                  resume_help="checkpoint (prefix or folder) to resume from")
+    add_multi_label_arg(parser)
     return parser
 
 

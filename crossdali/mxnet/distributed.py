@@ -21,7 +21,7 @@ import mxnet as mx
 import numpy as np
 
 from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
-from crossdali.common.distributed import DistInfo, detect_distributed
+from crossdali.common.distributed import DistInfo, detect_distributed, gather_rows_by_sum
 
 __all__ = ["Runtime", "KVStoreTrainer", "init_distributed", "ENGINES"]
 
@@ -76,24 +76,13 @@ class Runtime:
         return self._reduce(arr, _METRICS_KEY + len(values)).asnumpy().tolist()
 
     def gather_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Every worker's ``rows`` (n_rank, ...) stacked in rank order, on every worker: what multi-label
-        mAP needs (average precision ranks the scores of the whole val set).
+        """Every worker's ``rows`` stacked in rank order, on every worker (``gather_rows_by_sum``)."""
+        def sum_array(block: np.ndarray) -> np.ndarray:
+            flat = mx.nd.array(block.reshape(-1), dtype=np.float64)
+            return self._reduce(flat, _GATHER_KEYS + flat.size).asnumpy()
 
-        Written with the one collective both engines share, a sum: each rank places its rows in its
-        own slot of a zero block of ``world x max(n_rank)`` rows, and the blocks are summed (float64,
-        so scores and 0/1 targets come back exact). Costs ``world`` times the largest part in memory.
-        """
-        world, rank = self.dist.world_size, self.dist.rank
-        if world == 1:
-            return rows
-        counts = np.zeros(world)
-        counts[rank] = len(rows)
-        counts = np.asarray(self.all_reduce_sum(counts.tolist()), dtype=np.int64)
-        block = np.zeros((world, int(counts.max()), *rows.shape[1:]), dtype=np.float64)
-        block[rank, :len(rows)] = rows
-        flat = mx.nd.array(block.reshape(-1), dtype=np.float64)
-        summed = self._reduce(flat, _GATHER_KEYS + flat.size).asnumpy().reshape(block.shape)
-        return np.concatenate([summed[r, :counts[r]] for r in range(world)]).astype(rows.dtype)
+        return gather_rows_by_sum(rows, rank=self.dist.rank, world=self.dist.world_size,
+                                  sum_values=self.all_reduce_sum, sum_array=sum_array)
 
     def sync_batchnorm_stats(self, net: mx.gluon.Block) -> None:
         """Make BatchNorm's running statistics (the parameters without gradients) the same on every

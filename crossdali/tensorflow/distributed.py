@@ -16,7 +16,7 @@ import os
 import tensorflow as tf
 
 from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
-from crossdali.common.distributed import DistInfo, detect_distributed
+from crossdali.common.distributed import DistInfo, detect_distributed, gather_rows_by_sum
 from crossdali.tensorflow.devices import enable_memory_growth
 
 __all__ = ["ENGINES", "Runtime", "dist_from_tf_config", "init_distributed"]
@@ -65,6 +65,12 @@ class Runtime:
         else:
             return values
         return [float(v) for v in out.numpy()]
+
+    def gather_rows(self, rows):
+        """Every worker's ``rows`` stacked in rank order, on every worker (``gather_rows_by_sum``)."""
+        return gather_rows_by_sum(rows, rank=self.dist.rank, world=self.dist.world_size,
+                                  sum_values=self.all_reduce_sum,
+                                  sum_array=lambda block: self.all_reduce_sum(block.reshape(-1).tolist()))
 
 
 def dist_from_tf_config(tf_config: str, *, local_rank: int = 0) -> DistInfo:

@@ -55,6 +55,7 @@ __all__ = [
     "create_classification_dataset",
     "create_classification_loader",
     "dali_dataset",
+    "pipeline_run_kwargs",
 ]
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,16 @@ def check_pipeline_outputs(pipeline, *, output_shapes, output_dtypes) -> None:
                              f"{tf.as_dtype(dtype).name}; pass output_dtypes matching the pipeline")
 
 
+def pipeline_run_kwargs(pipeline) -> dict:
+    """The pipeline's thread count and queue depths as DALIDataset arguments: DALIDataset does not read
+    them from the pipeline (without them it runs 4 threads, whatever was asked)."""
+    depth = pipeline.prefetch_queue_depth
+    queues = (dict(exec_separated=True, cpu_prefetch_queue_depth=depth["cpu_size"],
+                   gpu_prefetch_queue_depth=depth["gpu_size"]) if isinstance(depth, dict)
+              else dict(prefetch_queue_depth=depth))
+    return dict(num_threads=pipeline.num_threads, **queues)
+
+
 def dali_dataset(pipeline, *, batch_size: int, output_shapes, output_dtypes, device_id: int | None,
                  check_outputs: bool = True, host_outputs: bool = False) -> tf.data.Dataset:
     """``DALIDataset`` over ``pipeline`` on ``/CPU:0`` (``device_id=None``) or on the TF GPU that is
@@ -191,15 +202,10 @@ def dali_dataset(pipeline, *, batch_size: int, output_shapes, output_dtypes, dev
     for s in shapes:
         if s.rank is None or (s[0] is not None and s[0] != batch_size):
             raise ValueError(f"declared output shape {s} must start with the batch size {batch_size}")
-    # DALIDataset does not read these from the pipeline: without them it runs 4 threads, whatever was asked
-    depth = pipeline.prefetch_queue_depth
-    queues = (dict(exec_separated=True, cpu_prefetch_queue_depth=depth["cpu_size"],
-                   gpu_prefetch_queue_depth=depth["gpu_size"]) if isinstance(depth, dict)
-              else dict(prefetch_queue_depth=depth))
     with tf.device(tf_device(device_id)):
         ds = dali_tf.DALIDataset(pipeline=pipeline, batch_size=batch_size, output_shapes=shapes, output_dtypes=dtypes,
-                                 device_id=device_id, num_threads=pipeline.num_threads,
-                                 fail_on_device_mismatch=not host_outputs, **queues)
+                                 device_id=device_id, fail_on_device_mismatch=not host_outputs,
+                                 **pipeline_run_kwargs(pipeline))
     if check_outputs:
         check_pipeline_outputs(pipeline, output_shapes=shapes, output_dtypes=dtypes)
     return ds
@@ -242,10 +248,14 @@ class DALILoader:
         self.device = tf_device(options.pipeline_device_id)
         shapes = tuple(tf.TensorShape(s) for s in output_shapes)
         dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
-        self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
-        self._raw = dali_dataset(build(options), batch_size=self.batch_size, output_shapes=shapes, output_dtypes=dtypes,
-                                 device_id=options.pipeline_device_id, check_outputs=False, host_outputs=host_outputs)
         self._epoch0, self._pos, self._it = 0, 0, None
+        self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
+        self._raw = self._raw_dataset(build, options, shapes, dtypes, host_outputs=host_outputs)
+
+    def _raw_dataset(self, build, options: PipelineOptions, shapes, dtypes, *, host_outputs: bool) -> tf.data.Dataset:
+        """The endless DALIDataset the epoch plan is applied to."""
+        return dali_dataset(build(options), batch_size=self.batch_size, output_shapes=shapes, output_dtypes=dtypes,
+                            device_id=options.pipeline_device_id, check_outputs=False, host_outputs=host_outputs)
 
     def _epoch_plan(self, build, options, shapes, dtypes, *, twin_on_cpu: bool, reader_name: str) -> EpochPlan:
         """A one-sample twin of the pipeline: its reader metadata sizes the epochs, and its first
@@ -284,11 +294,10 @@ class DALILoader:
         return self.epochs.steps(epoch, start=batch)
 
     def _next(self) -> tuple:
-        if self._it is None:
+        try:  # the iterator's start runs the pipeline's first batches: a bad sample fails there already
             with tf.device(self.device):  # the iterator (and with it the batches) on the pipeline's device
-                self._it = iter(self._raw)
-        try:
-            with tf.device(self.device):
+                if self._it is None:
+                    self._it = iter(self._raw)
                 batch = next(self._it)
         except tf.errors.OpError as e:
             raise self._explain(e) from e

@@ -10,6 +10,11 @@ loader itself (one DALI iterator across epochs; ``dali-gpu`` batches stay on the
 (``grouped_allreduce`` of the gradients), which works with Keras 3, where ``horovod.keras`` does
 not (TF >= 2.16).
 
+``--multi-label`` trains on a multi-label list (``train.txt``/``val.txt``; without ``--data`` the
+multi-label sample set) with sigmoid + binary cross-entropy, val mAP and macro F1 (the best
+checkpoint is the best mAP), as the PyTorch, JAX and MXNet scripts do; the lists go through
+``crossdali.tensorflow.external.create_multilabel_loader``.
+
 Multi-process: one process per GPU, set up by ``crossdali.tensorflow.distributed`` (Horovod under
 a launcher, ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG``), data sharded by the global rank.
 
@@ -30,6 +35,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from crossdali.common import script_parsers
@@ -45,7 +51,7 @@ from crossdali.common.runs import (
     open_metrics,
     write_json,
 )
-from crossdali.common.sample_data import ensure_classification
+from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import run
 from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
@@ -177,8 +183,60 @@ def evaluate(eval_step, loader, *, runtime: Runtime, num_classes: int) -> dict[s
         "eval_seconds": time.perf_counter() - start}
 
 
+def make_multilabel_eval_step(model):
+    @tf.function(reduce_retracing=True)  # the last val batch is smaller
+    def eval_step(images, labels):
+        logits = tf.cast(model(images, training=False), tf.float32)
+        per_sample = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits), axis=1)
+        return tf.reduce_sum(per_sample), tf.sigmoid(logits)
+
+    return eval_step
+
+
+def evaluate_multilabel(eval_step, loader, *, runtime: Runtime) -> dict[str, float]:
+    """Binary cross-entropy, mAP and macro F1 (sigmoid >= 0.5) over every val sample, each seen once
+    across all ranks (``crossdali.common.multilabel.multilabel_metrics``, as the other scripts):
+    the scores are gathered, since average precision ranks them all."""
+    from crossdali.common.multilabel import multilabel_metrics
+
+    loss_sum, scores, targets = 0.0, [], []
+    start = time.perf_counter()
+    for images, labels in loader:
+        loss, score = eval_step(images, labels)
+        loss_sum += float(loss)
+        scores.append(score.numpy())
+        targets.append(labels.numpy())
+    classes = loader.num_classes
+    mine = np.concatenate([np.concatenate(scores), np.concatenate(targets)], axis=1) if scores \
+        else np.zeros((0, 2 * classes), np.float32)
+    both = runtime.gather_rows(mine)
+    (loss_sum,) = runtime.all_reduce_sum([loss_sum])
+    seen = len(both)
+    stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
+    if not seen:
+        return stats
+    found = multilabel_metrics(both[:, :classes], both[:, classes:])
+    return stats | {"val_map": found["map"], "val_f1": found["f1"]}
+
+
+def load_multilabel_data(args, runtime: Runtime, backend: str):
+    """``load_data`` for ``--multi-label``: list files through the external-source loader."""
+    from crossdali.common.multilabel import resolve_multilabel_splits
+    from crossdali.tensorflow.external import create_multilabel_loader
+
+    data = args.data if args.data is not None else ensure_multilabel(size=args.sample_size)
+    train_src, val_src = resolve_multilabel_splits(args, data, backend)
+    common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
+                  seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank, layout="HWC")
+    train_loader = create_multilabel_loader(train_src, train=True, **common)
+    val_loader = create_multilabel_loader(val_src, train=False, **common)
+    return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
+
+
 def load_data(args, runtime: Runtime, backend: str):
     """Train and val loaders over the same dataset, sharded by the global rank, and the class names."""
+    if args.multi_label:
+        return load_multilabel_data(args, runtime, backend)
     data = args.data
     if data is None:
         # every rank builds or reuses the sample set; the build writes to a temporary folder and
@@ -237,8 +295,13 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         if args.amp and on_gpu:
             optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True) \
-        if not args.label_smoothing else _smoothed_loss(num_classes, args.label_smoothing)
+    if args.multi_label:  # one sigmoid per class, the mean over every element (PyTorch's BCEWithLogitsLoss)
+        loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+        if args.label_smoothing:
+            log.warning("--label-smoothing %s: not applied with --multi-label (binary targets)", args.label_smoothing)
+    else:
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True) \
+            if not args.label_smoothing else _smoothed_loss(num_classes, args.label_smoothing)
 
     epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
@@ -265,7 +328,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         # worker 0 keeps its files
         where = run_dir if runtime.dist.is_main else run_dir / f".worker-{runtime.dist.rank}"
         manager = tf.train.CheckpointManager(ckpt, str(where), max_to_keep=2)
-    best = BestCheckpoint(run_dir, enabled=runtime.dist.is_main, meta={
+    metric = "val_map" if args.multi_label else "val_top1"
+    best = BestCheckpoint(run_dir, enabled=runtime.dist.is_main, metric=metric, meta={
         "framework": "tensorflow", "arch": args.arch, "num_classes": num_classes, "class_names": class_names,
         "config": args})
     best.resume(start_epoch)
@@ -275,14 +339,20 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
                   epochs=args.epochs)
+    def validate(eval_step) -> dict[str, float]:
+        if args.multi_label:
+            return evaluate_multilabel(eval_step, val_loader, runtime=runtime)
+        return evaluate(eval_step, val_loader, runtime=runtime, num_classes=num_classes)
+
+    make_eval = make_multilabel_eval_step if args.multi_label else make_eval_step
     if args.test_only:
-        stats = evaluate(make_eval_step(model), val_loader, runtime=runtime, num_classes=num_classes)
+        stats = validate(make_eval(model))
         log.info(format_test_line(stats))
         metrics.write(event="test", **stats)
         return stats
 
     train_step = make_train_step(model, optimizer, loss_fn, runtime)
-    eval_step = make_eval_step(model)
+    eval_step = make_eval(model)
     stats: dict[str, float] = {}
     for epoch in range(start_epoch, args.epochs):
         steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=steps_per_epoch,
@@ -292,7 +362,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         if runtime.hvd is not None:  # Horovod averages gradients only: every rank evaluates (and rank 0
             for var in model.non_trainable_variables:  # saves) rank 0's BatchNorm statistics
                 var.assign(runtime.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0))
-        stats |= evaluate(eval_step, val_loader, runtime=runtime, num_classes=num_classes)
+        stats |= validate(eval_step)
         if not math.isfinite(stats["train_loss"]):
             raise FloatingPointError(f"training loss is {stats['train_loss']} at epoch {epoch + 1}: lower --lr")
         is_best = best.update(epoch + 1, stats)
@@ -303,7 +373,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
             prefix = Path(manager.save(checkpoint_number=epoch + 1))
             if runtime.dist.is_main:  # what the last checkpoint is: class names, arch, config, its epoch
                 write_json(run_dir / "checkpoint.json", checkpoint_meta(**best.meta, epoch=epoch + 1, stats=stats,
-                                                                        files=[prefix.name]))
+                                                                        metric=metric, files=[prefix.name]))
             if not runtime.dist.is_main:
                 shutil.rmtree(manager.directory, ignore_errors=True)
             elif is_best:  # a copy of ckpt-N's files, the index last
@@ -315,7 +385,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         if not stats["replicas_in_sync"]:
             log.warning("the workers' weights differ after training: gradients were not averaged")
     if runtime.dist.is_main:
-        finish_run(run_dir, metrics=metrics, metric="val_top1")
+        finish_run(run_dir, metrics=metrics, metric=metric)
     metrics.close()
     return stats
 

@@ -19,11 +19,10 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
           "--hw-decoder-load", "--exclude", "--skip-check", "--arch", "--num-classes", "-b", "--batch-size", "--epochs",
           "--lr", "--lr-warmup-epochs", "--momentum", "--wd", "--weight-decay", "--label-smoothing", "--engine", "--amp",
           "--channels-last", "--resume", "--test-only", "--output-dir", "--checkpoint-every", "--seed", "--print-freq",
-          "--debug", "-h", "--help"]
+          "--debug", "--multi-label", "-h", "--help"]
 #: Flags one framework has and the others do not yet, each named here so a new one is a decision:
-#: multi-label training exists in the PyTorch, JAX and MXNet scripts (their loaders are the
-#: external-source one, which TensorFlow's DALI plugin cannot take).
-ONLY_IN = {"pytorch": {"--multi-label"}, "jax": {"--multi-label"}, "mxnet": {"--multi-label"}}
+#: (none now: --multi-label came to every classification script)
+ONLY_IN: dict[str, set[str]] = {}
 
 
 def _parser(framework: str):
