@@ -112,3 +112,26 @@ create_classification_loader(os.environ["DATA"], train=False, backend="dali-gpu"
 """, tiny_classification / "imagefolder")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "already initialised" in proc.stderr and "enable_memory_growth" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_external_source_loader_on_the_gpu(indexed_val_source, assert_epoch_coverage):
+    """The TensorFlow external-source loader with dali-gpu (the packed input copied to the GPU):
+    batches on the GPU, every sample once over two shards, the same bits as the GPU file reader
+    over the same files (same decoder, same transform)."""
+    from crossdali.common.distributed import DistInfo
+    from crossdali.tensorflow.external import create_external_source_loader
+
+    items = [(Path(f).read_bytes(), label) for f, label in zip(indexed_val_source.files, indexed_val_source.labels)]
+    kw = dict(train=False, backend="dali-gpu", batch_size=8, crop_size=32, workers=2, device_id=0)
+    seen = []
+    for rank in range(2):
+        batches = list(create_external_source_loader(items, num_classes=55, dist=DistInfo(rank=rank, world_size=2),
+                                                     **kw))
+        assert all("GPU" in x.device and "GPU" in y.device for x, y in batches), _devices(batches[0])
+        seen.append([int(i) for _, y in batches for i in y.numpy()])
+    assert_epoch_coverage(seen, 55)
+    ours = list(create_external_source_loader(items, num_classes=55, **kw))
+    reference = list(create_classification_loader(indexed_val_source, **kw))
+    for (a, la), (b, lb) in zip(ours, reference, strict=True):
+        np.testing.assert_array_equal(la.numpy(), lb.numpy())
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
