@@ -53,6 +53,13 @@ def indexed_val_source(tiny_classification):
                       labels=tuple(range(src.num_samples)), num_samples=src.num_samples)
 
 
+@pytest.fixture(scope="session")
+def val_items(indexed_val_source):
+    """The tiny val split in memory: (JPEG bytes, sample index as label), 55 samples (the
+    external-source loaders' tests, every framework)."""
+    return [(Path(f).read_bytes(), label) for f, label in zip(indexed_val_source.files, indexed_val_source.labels)]
+
+
 def _assert_epoch_coverage(seen_per_shard: list[list[int]], num_samples: int) -> None:
     """Every sample id in ``range(num_samples)`` seen exactly once across all shards."""
     counts = Counter(i for shard in seen_per_shard for i in shard)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from nvidia.dali.types import SampleInfo
@@ -24,11 +22,6 @@ from crossdali.common.sources import DataError
 
 BACKENDS = ("dali-cpu", "dali-gpu")
 
-
-@pytest.fixture(scope="module")
-def val_items(indexed_val_source):
-    """The tiny val split in memory: (JPEG bytes, sample index as label), 55 samples."""
-    return [(Path(f).read_bytes(), label) for f, label in zip(indexed_val_source.files, indexed_val_source.labels)]
 
 
 def _epoch(samples: IndexedSamples, epoch: int = 0) -> list[int]:

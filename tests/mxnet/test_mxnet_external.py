@@ -6,7 +6,6 @@ sample."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,11 +26,6 @@ pytestmark = pytest.mark.mxnet
 
 CROP = 32
 
-
-@pytest.fixture(scope="module")
-def val_items(indexed_val_source):
-    """The tiny val split in memory: (JPEG bytes, sample index as label), 55 samples."""
-    return [(Path(f).read_bytes(), label) for f, label in zip(indexed_val_source.files, indexed_val_source.labels)]
 
 
 def _loader(source, **kw):

@@ -27,10 +27,6 @@ pytestmark = [
 CROP = 64
 
 
-@pytest.fixture(scope="module")
-def val_items(indexed_val_source):
-    return [(Path(f).read_bytes(), label) for f, label in zip(indexed_val_source.files, indexed_val_source.labels)]
-
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
 def test_external_loader_on_the_gpu_every_sample_once(val_items, parallel, assert_epoch_coverage):

@@ -19,11 +19,6 @@ from crossdali.pytorch.external import ExternalSourceOptions, create_external_so
 CROP = 32
 
 
-@pytest.fixture(scope="module")
-def val_items(indexed_val_source):
-    """The tiny val split in memory: (JPEG bytes, sample index as label), 55 samples."""
-    return [(Path(f).read_bytes(), label) for f, label in zip(indexed_val_source.files, indexed_val_source.labels)]
-
 
 def _loader(source, **kw):
     kw = {"train": True, "batch_size": 8, "crop_size": CROP, "workers": 2, "num_classes": 55, **kw}

@@ -5,8 +5,6 @@ epoch across shards, reshuffled training epochs, sharded sources, multi-hot labe
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -23,11 +21,6 @@ pytestmark = pytest.mark.tensorflow
 
 CROP = 32
 
-
-@pytest.fixture(scope="module")
-def val_items(indexed_val_source):
-    """The tiny val split in memory: (JPEG bytes, sample index as label), 55 samples."""
-    return [(Path(f).read_bytes(), label) for f, label in zip(indexed_val_source.files, indexed_val_source.labels)]
 
 
 def _loader(source, **kw):
