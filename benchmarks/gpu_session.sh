@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -115,8 +115,10 @@ case $phase in
     # on 2026-11-26 (cut short in the torchvision multi-label row). LOADER_FORMATS_ARGS=--skip-multilabel:
     # the ImageFolder and WebDataset rows only
     step loader_formats 540 "$py" -m benchmarks.loader_formats --out "$out" ${LOADER_FORMATS_ARGS:-} ;;
+  inference)  # a served model: batch-1 latency and batch-64 throughput, DALI GPU against PIL + torchvision
+    step inference 420 "$py" -m benchmarks.inference --out "$out" ;;
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)
-    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, checkdepth, checkprof, checkab, checkahead, formats, lists or pack)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, checkdepth, checkprof, checkab, checkahead, formats, lists, inference or pack)" >&2; exit 2 ;;
 esac
