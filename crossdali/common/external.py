@@ -340,8 +340,8 @@ class ShardBatches:
         return self._layout
 
     def _shard_name(self, shard: int) -> str:
-        keys = getattr(self.source, "keys", None)
-        return f"shard {keys[shard]!r}" if keys is not None else f"shard {shard}"
+        keys = getattr(self.source, "keys", None)  # SquirrelSource.keys: the store's shard names
+        return f"shard {keys[shard]!r}" if isinstance(keys, (tuple, list)) else f"shard {shard}"
 
     def _items(self, shard: int) -> list:
         if shard in self._read:
