@@ -30,7 +30,8 @@ from sklearn.metrics import average_precision_score, f1_score
 from crossdali.common.check.exclude import Exclusions, load_exclusions
 from crossdali.common.sources import DataError, validate_files
 
-__all__ = ["MultiLabelSource", "multilabel_loader_args", "multilabel_metrics", "read_multilabel_list",
+__all__ = ["MultiLabelSource", "gathered_multilabel_stats", "multilabel_loader_args", "multilabel_metrics",
+           "read_multilabel_list",
            "resolve_multilabel_source", "resolve_multilabel_splits"]
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,25 @@ def multilabel_metrics(scores: np.ndarray, targets: np.ndarray, *, threshold: fl
     f1 = f1_score(targets, scores >= threshold, average="macro", zero_division=0)
     return {"map": 100 * float(np.mean(ap)) if len(ap) else 0.0, "f1": 100 * float(f1),
             "classes_scored": int(present.sum())}
+
+
+def gathered_multilabel_stats(loss_sum: float, scores: list, targets: list, *, num_classes: int,
+                              runtime) -> dict[str, float]:
+    """Val loss, mAP and macro F1 over every rank's samples: ``scores``/``targets`` are this rank's
+    batches (sigmoid probabilities, multi-hot), ``loss_sum`` its summed per-sample loss; the rows
+    are gathered (``runtime.gather_rows``, since average precision ranks the whole val set) and the
+    loss summed (``runtime.all_reduce_sum``). For the scripts whose runtimes gather by sum (MXNet,
+    TensorFlow)."""
+    mine = np.concatenate([np.concatenate(scores), np.concatenate(targets)], axis=1) if scores \
+        else np.zeros((0, 2 * num_classes), np.float32)
+    both = runtime.gather_rows(mine)
+    (loss_sum,) = runtime.all_reduce_sum([loss_sum])
+    seen = len(both)
+    stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen)}
+    if not seen:
+        return stats
+    found = multilabel_metrics(both[:, :num_classes], both[:, num_classes:])
+    return stats | {"val_map": found["map"], "val_f1": found["f1"]}
 
 
 def resolve_multilabel_source(data: str | Path, split: str, *, validate: bool = True, exclude=None,

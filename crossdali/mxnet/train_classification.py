@@ -182,7 +182,7 @@ def evaluate_multilabel(net, loss_fn, loader, *, runtime: Runtime) -> dict[str, 
     """Binary cross-entropy, mAP and macro F1 (sigmoid >= 0.5) over every val sample, each seen once
     across all ranks (``crossdali.common.multilabel.multilabel_metrics``, as the PyTorch and JAX
     scripts): the scores are gathered, since average precision ranks them all."""
-    from crossdali.common.multilabel import multilabel_metrics
+    from crossdali.common.multilabel import gathered_multilabel_stats
 
     ctx = runtime.context
     loss_sum, scores, targets = 0.0, [], []
@@ -194,17 +194,8 @@ def evaluate_multilabel(net, loss_fn, loader, *, runtime: Runtime) -> dict[str, 
         loss_sum += float(loss_fn(output, target.as_in_context(ctx)).sum().asscalar())
         scores.append(mx.nd.sigmoid(output).asnumpy())
         targets.append(target.asnumpy())
-    classes = loader.num_classes
-    mine = np.concatenate([np.concatenate(scores), np.concatenate(targets)], axis=1) if scores \
-        else np.zeros((0, 2 * classes), np.float32)
-    both = runtime.gather_rows(mine)
-    (loss_sum,) = runtime.all_reduce_sum([loss_sum])
-    seen = len(both)
-    stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
-    if not seen:
-        return stats
-    found = multilabel_metrics(both[:, :classes], both[:, classes:])
-    return stats | {"val_map": found["map"], "val_f1": found["f1"]}
+    return gathered_multilabel_stats(loss_sum, scores, targets, num_classes=loader.num_classes, runtime=runtime) \
+        | {"eval_seconds": time.perf_counter() - start}
 
 
 def load_multilabel_data(args, runtime: Runtime, backend: str):

@@ -35,7 +35,6 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 
 from crossdali.common import script_parsers
@@ -197,7 +196,7 @@ def evaluate_multilabel(eval_step, loader, *, runtime: Runtime) -> dict[str, flo
     """Binary cross-entropy, mAP and macro F1 (sigmoid >= 0.5) over every val sample, each seen once
     across all ranks (``crossdali.common.multilabel.multilabel_metrics``, as the other scripts):
     the scores are gathered, since average precision ranks them all."""
-    from crossdali.common.multilabel import multilabel_metrics
+    from crossdali.common.multilabel import gathered_multilabel_stats
 
     loss_sum, scores, targets = 0.0, [], []
     start = time.perf_counter()
@@ -206,17 +205,8 @@ def evaluate_multilabel(eval_step, loader, *, runtime: Runtime) -> dict[str, flo
         loss_sum += float(loss)
         scores.append(score.numpy())
         targets.append(labels.numpy())
-    classes = loader.num_classes
-    mine = np.concatenate([np.concatenate(scores), np.concatenate(targets)], axis=1) if scores \
-        else np.zeros((0, 2 * classes), np.float32)
-    both = runtime.gather_rows(mine)
-    (loss_sum,) = runtime.all_reduce_sum([loss_sum])
-    seen = len(both)
-    stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
-    if not seen:
-        return stats
-    found = multilabel_metrics(both[:, :classes], both[:, classes:])
-    return stats | {"val_map": found["map"], "val_f1": found["f1"]}
+    return gathered_multilabel_stats(loss_sum, scores, targets, num_classes=loader.num_classes, runtime=runtime) \
+        | {"eval_seconds": time.perf_counter() - start}
 
 
 def load_multilabel_data(args, runtime: Runtime, backend: str):
