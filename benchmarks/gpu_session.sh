@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|video|videoprof|videox264|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|video|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|video|videoprof|videox264|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -40,8 +40,30 @@ cat "$out/machine-$phase.txt"
 case $phase in
   classification)
     step classification_loaders 330 "$py" -m benchmarks.classification_loaders --out "$out" ;;
-  video)
-    step video_decode 330 "$py" -m benchmarks.video_decode --out "$out" --work "$CROSSDALI_DATA/video-bench" ;;
+  classpeers)  # issue 14: the SPDL rows beside the others (needs the extras staged, /tmp/site-extra on PYTHONPATH,
+    # PEER_LD_PATH=/tmp/site-extra/av.libs for SPDL's FFmpeg), and every training row with and without a device
+    # sync after each batch fetch; the thread and hardware-share sweeps cut to the configurations that won on 11-26
+    step classification_peers 560 env LD_LIBRARY_PATH="${PEER_LD_PATH:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      "$py" -m benchmarks.classification_loaders --out "$out" --hw-loads 0.75,0.85,1.0 --threads 4 --train-threads 4,15 ;;
+  video)  # issue 14: both DALI readers, fn.decoders.video, the GPU peers (PyNvVideoCodec, torchcodec: staged
+    # into /tmp/site-extra by .device-stage/x*, on PYTHONPATH, PEER_LD_PATH=/tmp/site-extra/av.libs), the
+    # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)
+    step video_decode 560 "$py" -m benchmarks.video_decode --out "$out" --work "$CROSSDALI_DATA/video-bench" ;;
+  videoprof)  # where the DALI rows lose to the hardware: test videos with a key frame every clip (gop16), both
+    # readers with 48-frame clips on the gop48 files (every clip starts at a key frame), then nsys over the x7 rows
+    # of both readers (CUDA API, kernel and OS-runtime summaries into nsys_video.log; the report itself is left out)
+    best="DALI reader x1 (,DALI reader x7 (,DALI reader x14 (,DALI legacy readers.video x1 (,DALI legacy readers.video x7 (,DALI legacy readers.video x14 (,PyNvVideoCodec SimpleDecoder x14"
+    step video_decode_gop16 200 "$py" -m benchmarks.video_decode --out "$out/gop16" --encode gop16 \
+      --resolutions 1080p --only "$best" --work "$CROSSDALI_DATA/video-bench"
+    step video_decode_clips48 150 "$py" -m benchmarks.video_decode --out "$out/clips48" --resolutions 1080p \
+      --only "48-frame" --no-peers --work "$CROSSDALI_DATA/video-bench"
+    step nsys_video 150 nsys profile --stats=true --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
+      --force-overwrite=true --output=/tmp/nsys_video "$py" -m benchmarks.video_decode --out "$out/nsys_rows" \
+      --resolutions 1080p --only "DALI reader x7 (one" --no-peers --seconds 4 --work "$CROSSDALI_DATA/video-bench" ;;
+  videox264)  # the x264-default encode (what cameras and the web produce: key frames up to 250 apart) at 1080p
+    step video_decode_x264 330 "$py" -m benchmarks.video_decode --out "$out/x264_default" --encode x264-default \
+      --resolutions 1080p --only "DALI reader x1 (,DALI reader x7,DALI reader x14 (,DALI legacy,PyNvVideoCodec" \
+      --work "$CROSSDALI_DATA/video-bench" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
   tests)  # every GPU-marked test (TensorFlow's and MXNet's skip where those frameworks are absent)
@@ -120,5 +142,5 @@ case $phase in
   pack)
     tar czf "/tmp/gpu-results.tgz" -C "$out" . && mv /tmp/gpu-results.tgz "$out/" && ls -la "$out/gpu-results.tgz" ;;
   *)
-    echo "unknown phase $phase (classification, video, detection, tests, tf, tfbench, core, core2, check, checkdepth, checkprof, checkab, checkahead, formats, lists, inference or pack)" >&2; exit 2 ;;
+    echo "unknown phase $phase (classification, classpeers, video, videoprof, videox264, detection, tests, tf, tfbench, core, core2, check, checkdepth, checkprof, checkab, checkahead, formats, lists, inference or pack)" >&2; exit 2 ;;
 esac

@@ -1,26 +1,33 @@
-"""Decoded video frames/s: DALI on the GPU (NVDEC) against CPU decoders, plus DALI optical flow.
+"""Decoded video frames/s: DALI on the GPU (NVDEC) against the other GPU decoders and the CPU.
 
-    python -m benchmarks.video_decode --out results/          # on the GPU machine, about 4-5 min
+    python -m benchmarks.video_decode --out results/          # on the GPU machine, about 5-7 min
+    python -m benchmarks.video_decode --out results/x264 --encode x264-default --resolutions 1080p
     python -m benchmarks.video_decode --out /tmp/vb --smoke   # any machine: tiny VP9 files, DALI CPU
 
 It makes its own test videos first (real photos panning under a moving patch, H.264 in MP4,
-1920x1080 and 1280x720, 25 fps, a key frame every 48 frames) with PyAV (libx264) when
-``import av`` works, else with OpenCV's VideoWriter (H.264 if its FFmpeg build has an encoder,
-else MPEG-4 part 2, and the JSON says which). Then, for each resolution:
+1920x1080 and 1280x720, 25 fps) with PyAV (libx264) when ``import av`` works, else with OpenCV's
+VideoWriter (H.264 if its FFmpeg build has an encoder, else MPEG-4 part 2; the JSON says which).
+``--encode`` picks the x264 settings (``ENCODES``): ``gop48`` (a key frame every 48 frames, what a
+set re-encoded for training looks like) or ``x264-default`` (what cameras and the web produce). Then,
+at each resolution (1080p the whole sweep, 720p the best configurations):
 
-- DALI ``fn.experimental.readers.video`` (device="gpu"): one reader; several reader instances
-  in one pipeline (each a shard of the files); several pipelines in one process, run from
-  threads. Clips of 16 consecutive frames, uint8 RGB on the GPU.
-- DALI ``fn.decoders.video`` (device="mixed") on whole files read by ``fn.readers.file``: a batch
-  of files decoded at once (no seeking; the first ``--decoder-frames`` frames of each file).
+- DALI ``fn.experimental.readers.video`` (device="gpu", crossdali's reader): 1 to 14 reader
+  instances in one pipeline (each a shard of the files), 48-frame clips, several pipelines in one
+  process run from threads; DALI's legacy ``fn.readers.video`` (NVDEC only) the same way. Clips of
+  16 consecutive frames, uint8 RGB on the GPU.
+- DALI ``fn.decoders.video`` (device="mixed") on whole files read by ``fn.readers.file``.
+- Peers on the GPU, each in its own process (``benchmarks/video_peers.py``): NVIDIA's
+  PyNvVideoCodec (``SimpleDecoder``, RGB output) and torchcodec's CUDA decoder (NVCUVID "beta" and
+  FFmpeg NVDEC backends), from 1 to 14 threads; a peer that is not installed has no row.
 - CPU: PyAV and OpenCV, one stream (decoder threads on), and one stream per core in 16 processes
   (frames converted to RGB/BGR arrays, as DALI's are).
 - ``fn.optical_flow`` on 8-frame sequences from the GPU reader: flow fields/s (decode included).
 
-Each configuration runs for ``--seconds`` after a warm-up; every configuration is timed
-separately, so the totals fit in about 5 minutes. Writes ``video_decode.json`` and
-``video_decode.png`` into ``--out``. A configuration that fails is recorded with its error
-and the run goes on.
+Each row runs for ``--seconds`` after a warm-up and records, beside frames/s, the mean load of the
+GPU's engines over its timed window (``nvidia-smi dmon -s u``: ``dec`` is NVDEC, ``sm`` the CUDA
+cores; ``benchmarks/engine_load.py``) and the CPU cores the process kept busy. Writes
+``video_decode.json``, ``video_decode.png`` and the raw ``video_decode_dmon.log`` into ``--out``. A
+row that fails is recorded with its error and the run goes on.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import multiprocessing
 import os
 import platform
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,8 +50,21 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import usage_error
+
 TARGET_1080P = 2500  # frames/s from one process (issue 6)
 RESOLUTIONS = {"1080p": (1920, 1080), "720p": (1280, 720)}
+# x264 settings of the test videos. gop48: what a training set re-encoded for random access looks
+# like (a key frame every 48 frames, 2 B-frames); x264-default: what a camera or web video usually is
+# (x264's own defaults: preset medium, a key frame at most every 250 frames, 3 B-frames).
+ENCODES = {
+    "gop48": {"about": "veryfast, CRF 23, key frame every 48, 2 B-frames",
+              "options": {"preset": "veryfast", "crf": "23", "g": "48", "bf": "2"}},
+    "x264-default": {"about": "medium, CRF 23, key frame at most every 250, 3 B-frames",
+                     "options": {"preset": "medium", "crf": "23"}},
+    "gop16": {"about": "veryfast, CRF 23, a key frame every 16 frames (the clip length), 2 B-frames",
+              "options": {"preset": "veryfast", "crf": "23", "g": "16", "keyint_min": "16", "bf": "2"}},
+}
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -53,11 +75,21 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--files", type=int, default=14, help="test videos per resolution")
     parser.add_argument("--frames", type=int, default=144, help="frames per test video")
     parser.add_argument("--seconds", type=float, default=6.0, help="timed seconds per configuration")
-    parser.add_argument("--budget-s", type=float, default=265.0, help="skip what is left after this many seconds")
-    parser.add_argument("--readers", default="1,2,4,7", help="reader instances in one pipeline")
-    parser.add_argument("--pipelines", default="4,7", help="pipelines in one process (threads)")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="skip what is left after this many seconds")
+    parser.add_argument("--readers", default="1,4,7,14", help="reader instances in one pipeline")
+    parser.add_argument("--pipelines", default="7", help="pipelines in one process (threads)")
     parser.add_argument("--cpu-procs", type=int, default=os.cpu_count() or 16, help="processes for CPU decoding")
     parser.add_argument("--decoder-frames", type=int, default=48, help="frames per file for fn.decoders.video")
+    parser.add_argument("--encode", choices=sorted(ENCODES), default="gop48",
+                        help="x264 settings of the test videos (PyAV): " + "; ".join(
+                            f"{k}: {v['about']}" for k, v in sorted(ENCODES.items())))
+    parser.add_argument("--resolutions", default="1080p,720p", help=f"of {', '.join(RESOLUTIONS)}")
+    parser.add_argument("--only", default="", help="comma-separated substrings: run only rows whose name has one")
+    parser.add_argument("--no-peers", dest="peers", action="store_false",
+                        help="skip the PyNvVideoCodec and torchcodec rows")
+    parser.add_argument("--peer-ld-path", default=os.environ.get("PEER_LD_PATH", ""),
+                        help="LD_LIBRARY_PATH for the peer processes only (torchcodec needs FFmpeg's shared "
+                             "libraries; default: $PEER_LD_PATH)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script anywhere: 160x96 VP9 files, DALI on the CPU, 1 s per configuration")
     return parser
@@ -97,7 +129,7 @@ def _frames(width: int, height: int, n: int, seed: int):
         yield frame
 
 
-def _write_with_av(path: Path, width: int, height: int, n: int, seed: int, codec: str) -> str:
+def _write_with_av(path: Path, width: int, height: int, n: int, seed: int, codec: str, encode: str) -> str:
     import av
 
     with av.open(str(path), "w") as out:
@@ -105,7 +137,7 @@ def _write_with_av(path: Path, width: int, height: int, n: int, seed: int, codec
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.time_base = Fraction(1, 25)
         if codec == "h264":
-            stream.options = {"preset": "veryfast", "crf": "23", "g": "48", "bf": "2", "threads": "4"}
+            stream.options = {**ENCODES[encode]["options"], "threads": "4"}
         else:
             stream.options = {"crf": "32", "b:v": "0", "deadline": "realtime", "cpu-used": "8", "g": "48"}
         for i, frame in enumerate(_frames(width, height, n, seed)):
@@ -134,13 +166,14 @@ def _write_with_cv2(path: Path, width: int, height: int, n: int, seed: int) -> s
 
 
 def _write_one(job) -> str:
-    path, width, height, n, seed, codec, use_av = job
+    path, width, height, n, seed, codec, use_av, encode = job
     if use_av:
-        return _write_with_av(Path(path), width, height, n, seed, codec)
+        return _write_with_av(Path(path), width, height, n, seed, codec, encode)
     return _write_with_cv2(Path(path), width, height, n, seed)
 
 
-def make_videos(folder: Path, width: int, height: int, *, files: int, frames: int, codec: str) -> tuple[list[str], str, str]:
+def make_videos(folder: Path, width: int, height: int, *, files: int, frames: int, codec: str,
+                encode: str = "gop48") -> tuple[list[str], str, str]:
     """Encode ``files`` test videos; returns (paths, codec written, encoder used)."""
     try:
         import av  # noqa: F401
@@ -152,7 +185,7 @@ def make_videos(folder: Path, width: int, height: int, *, files: int, frames: in
         raise RuntimeError("VP9 test videos need PyAV")
     folder.mkdir(parents=True, exist_ok=True)
     ext = ".mp4" if codec == "h264" else ".webm"
-    jobs = [(str(folder / f"v{i:02d}{ext}"), width, height, frames, i, codec, use_av) for i in range(files)]
+    jobs = [(str(folder / f"v{i:02d}{ext}"), width, height, frames, i, codec, use_av, encode) for i in range(files)]
     workers = max(1, min(len(jobs), (os.cpu_count() or 4) // 2))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         written = list(pool.map(_write_one, jobs))
@@ -161,19 +194,27 @@ def make_videos(folder: Path, width: int, height: int, *, files: int, frames: in
 
 # ----------------------------------------------------------------------------- timing helpers
 
-def _timed(step, *, seconds: float, warmup: int = 3) -> tuple[int, float]:
+def _window(frames: int, t0: float, cpu0) -> dict:
+    """A row's result: frames, seconds, the window's perf_counter stamps (for the engine load) and
+    the CPU seconds this process used in it (DALI's threads included)."""
+    t1, cpu1 = time.perf_counter(), os.times()
+    return {"frames": frames, "seconds": t1 - t0, "t0": t0, "t1": t1,
+            "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)}
+
+
+def _timed(step, *, seconds: float, warmup: int = 3) -> dict:
     """Call ``step()`` (returns frames done) for ``seconds`` after ``warmup`` calls."""
     for _ in range(warmup):
         step()
-    frames, start = 0, time.perf_counter()
+    frames, cpu0, start = 0, os.times(), time.perf_counter()
     while time.perf_counter() - start < seconds:
         frames += step()
-    return frames, time.perf_counter() - start
+    return _window(frames, start, cpu0)
 
 
 def _reader_pipeline(files, *, device: str, instances: int, batch: int, seq: int, threads: int, seed: int = 0,
-                     shard_offset: int = 0, total_shards: int | None = None):
-    from nvidia.dali import fn, pipeline_def
+                     shard_offset: int = 0, total_shards: int | None = None, legacy: bool = False):
+    from nvidia.dali import fn, pipeline_def, types
 
     total = total_shards or instances
 
@@ -182,9 +223,12 @@ def _reader_pipeline(files, *, device: str, instances: int, batch: int, seq: int
     def pipe():
         outs = []
         for i in range(instances):
-            outs.append(fn.experimental.readers.video(
-                device=device, filenames=files, sequence_length=seq, step=seq, shard_id=shard_offset + i,
-                num_shards=total, random_shuffle=False, name=f"Reader{i}"))
+            shard = dict(filenames=files, sequence_length=seq, step=seq, shard_id=shard_offset + i, num_shards=total,
+                         random_shuffle=False, name=f"Reader{i}")
+            if legacy:  # fn.readers.video: NVDEC only, its own decode thread per reader, no CPU backend
+                outs.append(fn.readers.video(device="gpu", dtype=types.UINT8, **shard))
+            else:
+                outs.append(fn.experimental.readers.video(device=device, **shard))
         return tuple(outs)
 
     p = pipe()
@@ -192,11 +236,11 @@ def _reader_pipeline(files, *, device: str, instances: int, batch: int, seq: int
     return p
 
 
-def bench_reader(files, *, device: str, instances: int, seconds: float, batch: int = 4, seq: int = 16) -> dict:
+def bench_reader(files, *, device: str, instances: int, seconds: float, batch: int = 4, seq: int = 16,
+                 legacy: bool = False) -> dict:
     p = _reader_pipeline(files, device=device, instances=instances, batch=batch, seq=seq,
-                         threads=min(16, 2 + instances))
-    frames, elapsed = _timed(lambda: (p.run(), instances * batch * seq)[1], seconds=seconds)
-    return {"frames": frames, "seconds": elapsed}
+                         threads=min(16, 2 + instances), legacy=legacy)
+    return _timed(lambda: (p.run(), instances * batch * seq)[1], seconds=seconds) | {"sequence_length": seq}
 
 
 def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: int = 4, seq: int = 16) -> dict:
@@ -213,15 +257,14 @@ def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: in
             done[i] += batch * seq
 
     threads = [threading.Thread(target=loop, args=(i,)) for i in range(count)]
-    start = time.perf_counter()
+    cpu0, start = os.times(), time.perf_counter()
     for t in threads:
         t.start()
     time.sleep(seconds)
     stop.set()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - start
-    return {"frames": sum(done), "seconds": elapsed}
+    return _window(sum(done), start, cpu0)
 
 
 def bench_decoder(files, *, device: str, batch: int, frames_per_file: int, seconds: float) -> dict:
@@ -235,8 +278,7 @@ def bench_decoder(files, *, device: str, batch: int, frames_per_file: int, secon
 
     p = pipe()
     p.build()
-    frames, elapsed = _timed(lambda: (p.run(), batch * frames_per_file)[1], seconds=seconds, warmup=2)
-    return {"frames": frames, "seconds": elapsed}
+    return _timed(lambda: (p.run(), batch * frames_per_file)[1], seconds=seconds, warmup=2)
 
 
 def bench_optical_flow(files, *, seconds: float, batch: int = 4, seq: int = 8, preset: float = 0.5) -> dict:
@@ -250,8 +292,8 @@ def bench_optical_flow(files, *, seconds: float, batch: int = 4, seq: int = 8, p
 
     p = pipe()
     p.build()
-    fields, elapsed = _timed(lambda: (p.run(), batch * (seq - 1))[1], seconds=seconds, warmup=2)
-    return {"frames": fields, "seconds": elapsed, "unit": "flow fields (frame pairs), decode included"}
+    return _timed(lambda: (p.run(), batch * (seq - 1))[1], seconds=seconds, warmup=2) | {
+        "unit": "flow fields (frame pairs), decode included"}
 
 
 def _cpu_decode_file(job) -> int:
@@ -294,15 +336,34 @@ def bench_cpu(files, *, lib: str, procs: int, seconds: float) -> dict:
     if procs == 1:
         start = time.perf_counter()
         n = _cpu_decode_file((lib, files[0], os.cpu_count() or 1, seconds))
-        return {"frames": n, "seconds": time.perf_counter() - start, "threads": os.cpu_count()}
+        end = time.perf_counter()
+        return {"frames": n, "seconds": end - start, "t0": start, "t1": end, "threads": os.cpu_count()}
     jobs = [(lib, files[i % len(files)], 1, seconds) for i in range(procs)]
     # spawn, not fork: this process holds a CUDA context and DALI's threads
     with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_warm_worker, [lib] * procs))  # interpreter start and imports stay out of the timing
         start = time.perf_counter()
         n = sum(pool.map(_cpu_decode_file, jobs))
-        elapsed = time.perf_counter() - start
-    return {"frames": n, "seconds": elapsed, "processes": procs}
+        end = time.perf_counter()
+    return {"frames": n, "seconds": end - start, "t0": start, "t1": end, "processes": procs}
+
+
+def bench_peer(files, *, peer: str, threads: int, seconds: float, backend: str = "beta", ld_path: str = "") -> dict:
+    """A peer decoder (``benchmarks.video_peers``) in its own process; its JSON line is the row."""
+    cmd = [sys.executable, "-m", "benchmarks.video_peers", "--peer", peer, "--threads", str(threads),
+           "--seconds", str(seconds), "--backend", backend, *files]
+    env = dict(os.environ)
+    if ld_path:  # only here: DALI in this process keeps the FFmpeg it was built with
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [ld_path, env.get("LD_LIBRARY_PATH")]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, env=env,
+                          cwd=Path(__file__).resolve().parents[1])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    out = json.loads(lines[-1])
+    if "error" in out:
+        raise RuntimeError(out["error"])
+    return out
 
 
 # ----------------------------------------------------------------------------- main
@@ -347,7 +408,8 @@ def plot(results: list[dict], path: Path) -> None:
     for ax, g in zip(axes[0], groups, strict=True):
         rows = [r for r in ok if r["resolution"] == g]
         colors = ["tab:green" if r["kind"] == "dali-gpu" else "tab:purple" if r["kind"] == "optical-flow"
-                  else "tab:blue" if r["kind"] == "dali-cpu" else "tab:gray" for r in rows]
+                  else "tab:blue" if r["kind"] == "dali-cpu" else "tab:orange" if r["kind"] == "peer-gpu"
+                  else "tab:gray" for r in rows]
         ax.barh([r["name"] for r in rows], [r["fps"] for r in rows], color=colors)
         for i, r in enumerate(rows):
             ax.text(r["fps"], i, f" {r['fps']:,.0f}", va="center", fontsize=8)
@@ -362,86 +424,154 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _peer_available(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int, env: dict, device: str) -> list:
+    """(name, kind, function, keyword arguments) of every row at one resolution, in run order.
+    1080p gets the whole sweep; 720p the best few configurations of each decoder."""
+    kind = "dali-gpu" if device == "gpu" else "dali-cpu"
+    full = res != "720p"
+    readers = [int(x) for x in args.readers.split(",") if x] if full else [7, 14]
+    pipelines = [int(x) for x in args.pipelines.split(",") if x] if full else [7]
+    if args.smoke:  # 4 tiny files make 12 clips: fewer shards than that
+        readers, pipelines = [1, 2], [2]
+    seconds = 1.0 if args.smoke else args.seconds
+    rows = []
+    for k in readers:
+        rows.append((f"DALI reader x{k} (one pipeline)", kind, bench_reader,
+                     dict(files=files, device=device, instances=k, seconds=seconds)))
+    if full and not args.smoke:
+        rows.append(("DALI reader x7, 48-frame clips", kind, bench_reader,
+                     dict(files=files, device=device, instances=7, seconds=seconds, seq=48)))
+    for k in pipelines:
+        rows.append((f"DALI pipelines x{k} (threads, one process)", kind, bench_pipelines,
+                     dict(files=files, device=device, count=k, seconds=seconds)))
+    if device == "gpu":
+        for k in ([1, 4, 7, 14] if full else [7]):
+            rows.append((f"DALI legacy readers.video x{k} (one pipeline)", kind, bench_reader,
+                         dict(files=files, device=device, instances=k, seconds=seconds, legacy=True)))
+        if full:
+            for k in (7, 14):
+                rows.append((f"DALI legacy readers.video x{k}, 48-frame clips", kind, bench_reader,
+                             dict(files=files, device=device, instances=k, seconds=seconds, seq=48, legacy=True)))
+    if full:
+        rows.append((f"DALI decoders.video batch 7 ({args.decoder_frames} fr/file)", kind, bench_decoder,
+                     dict(files=files, device=device, batch=7, frames_per_file=min(args.decoder_frames, n_frames),
+                          seconds=seconds)))
+    if device == "gpu" and full:
+        rows.append(("optical flow (reader + fn.optical_flow)", "optical-flow", bench_optical_flow,
+                     dict(files=files, seconds=seconds)))
+    if device == "gpu" and args.peers:
+        if _peer_available("PyNvVideoCodec"):
+            for t in ([1, 7, 14] if full else [14]):
+                rows.append((f"PyNvVideoCodec SimpleDecoder x{t} threads", "peer-gpu", bench_peer,
+                             dict(files=files, peer="pynvvideocodec", threads=t, seconds=seconds)))
+        if _peer_available("torchcodec"):
+            for backend, t in ([("beta", 1), ("beta", 7), ("beta", 14), ("ffmpeg", 7)] if full else [("beta", 14)]):
+                rows.append((f"torchcodec CUDA ({backend}) x{t} threads", "peer-gpu", bench_peer,
+                             dict(files=files, peer="torchcodec", threads=t, seconds=seconds, backend=backend,
+                                  ld_path=args.peer_ld_path)))
+    for lib in ("pyav", "opencv"):
+        if env.get("av" if lib == "pyav" else "cv2") is None:
+            continue
+        if full:
+            rows.append((f"{lib} CPU, 1 stream", "cpu", bench_cpu, dict(files=files, lib=lib, procs=1, seconds=seconds)))
+        rows.append((f"{lib} CPU, {args.cpu_procs} processes", "cpu", bench_cpu,
+                     dict(files=files, lib=lib, procs=args.cpu_procs, seconds=seconds)))
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+    return [r for r in rows if not only or any(o in r[0] for o in only)]
+
+
 def main(args: argparse.Namespace) -> dict:
+    from benchmarks.engine_load import EngineLoad
+
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
+    unknown = [r for r in args.resolutions.split(",") if r and r not in RESOLUTIONS]
+    if unknown:
+        raise usage_error(f"--resolutions: unknown {', '.join(unknown)}; choose from {', '.join(RESOLUTIONS)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="crossdali_video_bench_"))
     env = _environment()
     print(json.dumps(env), flush=True)
     device = "cpu" if args.smoke else "gpu"
-    resolutions = {"smoke": (160, 96)} if args.smoke else RESOLUTIONS
-    seconds = 1.0 if args.smoke else args.seconds
+    resolutions = ({"smoke": (160, 96)} if args.smoke
+                   else {r: RESOLUTIONS[r] for r in args.resolutions.split(",") if r})
     results: list[dict] = []
     videos_meta = {}
+    with EngineLoad(log=args.out / "video_decode_dmon.log") as load:
 
-    def run(name: str, resolution: str, kind: str, fn, **kw) -> None:
-        elapsed_total = time.perf_counter() - t0
-        row = {"name": name, "resolution": resolution, "kind": kind}
-        if elapsed_total > args.budget_s:
-            row["skipped"] = f"time budget of {args.budget_s:.0f} s used up"
-        else:
+        def run(name: str, resolution: str, kind: str, fn, **kw) -> None:
+            elapsed_total = time.perf_counter() - t0
+            row = {"name": name, "resolution": resolution, "kind": kind}
+            if elapsed_total > args.budget_s:
+                row["skipped"] = f"time budget of {args.budget_s:.0f} s used up"
+            else:
+                try:
+                    row |= fn(**kw)
+                    row["fps"] = row["frames"] / row["seconds"]
+                    if "t0" in row:
+                        row["engine_load"] = load.mean(row.pop("t0"), row.pop("t1"))
+                    if row.get("cpu_s") is not None:
+                        row["cpu_cores_busy"] = round(row["cpu_s"] / row["seconds"], 2)
+                except Exception as e:  # record and go on: the run is unattended
+                    row["error"] = f"{type(e).__name__}: {e}"[:2000]
+                    traceback.print_exc()
+            results.append(row)
+            shown = f"{row['fps']:,.0f} frames/s" if "fps" in row else row.get("error") or row.get("skipped")
+            eng = row.get("engine_load") or {}
+            extra = (f"  dec {eng['dec']:.0f} % (max {eng['dec_max']:.0f})  sm {eng.get('sm', 0):.0f} %"
+                     if "dec" in eng else "")
+            cores = f"  cpu {row['cpu_cores_busy']:.1f} cores" if "cpu_cores_busy" in row else ""
+            print(f"[{time.perf_counter() - t0:6.1f} s] {resolution:6s} {name:46s} {shown}{extra}{cores}", flush=True)
+
+        for res, (w, h) in resolutions.items():
+            start = time.perf_counter()
+            codec = "vp9" if args.smoke else "h264"
+            n_files = 4 if args.smoke else args.files
+            n_frames = 48 if args.smoke else args.frames
             try:
-                row |= fn(**kw)
-                row["fps"] = row["frames"] / row["seconds"]
-            except Exception as e:  # record and go on: the run is unattended
-                row["error"] = f"{type(e).__name__}: {e}"[:2000]
+                files, written, encoder = make_videos(work / f"{res}-{args.encode}", w, h, files=n_files,
+                                                      frames=n_frames, codec=codec, encode=args.encode)
+            except Exception as e:
+                results.append({"name": "make test videos", "resolution": res, "error": f"{type(e).__name__}: {e}"})
                 traceback.print_exc()
-        results.append(row)
-        shown = f"{row['fps']:,.0f} frames/s" if "fps" in row else row.get("error") or row.get("skipped")
-        print(f"[{time.perf_counter() - t0:6.1f} s] {resolution:6s} {name:42s} {shown}", flush=True)
-
-    readers = [int(x) for x in args.readers.split(",") if x]
-    pipelines = [int(x) for x in args.pipelines.split(",") if x]
-    for res, (w, h) in resolutions.items():
-        start = time.perf_counter()
-        codec = "vp9" if args.smoke else "h264"
-        n_files = 4 if args.smoke else args.files
-        n_frames = 48 if args.smoke else args.frames
-        try:
-            files, written, encoder = make_videos(work / res, w, h, files=n_files, frames=n_frames, codec=codec)
-        except Exception as e:
-            results.append({"name": "make test videos", "resolution": res, "error": f"{type(e).__name__}: {e}"})
-            traceback.print_exc()
-            continue
-        videos_meta[res] = {"files": len(files), "frames_per_file": n_frames, "width": w, "height": h,
-                            "codec": written, "encoder": encoder, "seconds_to_make": time.perf_counter() - start,
-                            "bytes": sum(Path(f).stat().st_size for f in files)}
-        print(f"[{time.perf_counter() - t0:6.1f} s] {res}: {len(files)} x {n_frames} frames {written} "
-              f"({encoder}) in {time.perf_counter() - start:.1f} s", flush=True)
-        kind = "dali-gpu" if device == "gpu" else "dali-cpu"
-        for k in readers:
-            run(f"DALI reader x{k} (one pipeline)", res, kind, bench_reader, files=files, device=device,
-                instances=k, seconds=seconds)
-        for k in pipelines:
-            run(f"DALI pipelines x{k} (threads, one process)", res, kind, bench_pipelines, files=files,
-                device=device, count=k, seconds=seconds)
-        run(f"DALI decoders.video batch 7 ({args.decoder_frames} fr/file)", res, kind, bench_decoder, files=files,
-            device=device, batch=7, frames_per_file=min(args.decoder_frames, n_frames), seconds=seconds)
-        if not args.smoke:
-            run("optical flow (reader + fn.optical_flow)", res, "optical-flow", bench_optical_flow, files=files,
-                seconds=seconds)
-        for lib in ("pyav", "opencv"):
-            if env.get("av" if lib == "pyav" else "cv2") is None:
                 continue
-            run(f"{lib} CPU, 1 stream", res, "cpu", bench_cpu, files=files, lib=lib, procs=1, seconds=seconds)
-            run(f"{lib} CPU, {args.cpu_procs} processes", res, "cpu", bench_cpu, files=files, lib=lib,
-                procs=args.cpu_procs, seconds=seconds)
+            size = sum(Path(f).stat().st_size for f in files)
+            videos_meta[res] = {"files": len(files), "frames_per_file": n_frames, "width": w, "height": h,
+                                "codec": written, "encoder": encoder,
+                                "encode": ENCODES[args.encode] if encoder == "pyav" and codec == "h264" else None,
+                                "seconds_to_make": time.perf_counter() - start, "bytes": size,
+                                "mbit_per_s_at_25_fps": round(size * 8 / (len(files) * n_frames / 25) / 1e6, 2)}
+            print(f"[{time.perf_counter() - t0:6.1f} s] {res}: {len(files)} x {n_frames} frames {written} "
+                  f"({encoder}, {videos_meta[res]['mbit_per_s_at_25_fps']} Mbit/s) in "
+                  f"{time.perf_counter() - start:.1f} s", flush=True)
+            for name, kind, fn, kw in row_plan(args, res, files, n_frames, env, device):
+                run(name, res, kind, fn, **kw)
 
     best_1080 = max((r["fps"] for r in results if r.get("resolution") == "1080p" and r.get("kind") == "dali-gpu"
                      and "fps" in r), default=None)
     best_cpu_1080 = max((r["fps"] for r in results if r.get("resolution") == "1080p" and r.get("kind") == "cpu"
                          and "fps" in r), default=None)
-    report = {"benchmark": "video_decode", "environment": env, "videos": videos_meta, "seconds_per_config": seconds,
+    best_peer_1080 = max((r["fps"] for r in results if r.get("resolution") == "1080p" and r.get("kind") == "peer-gpu"
+                          and "fps" in r), default=None)
+    report = {"benchmark": "video_decode", "command": "python -m benchmarks.video_decode " + " ".join(sys.argv[1:]),
+              "environment": env, "encode": args.encode, "videos": videos_meta,
+              "seconds_per_config": 1.0 if args.smoke else args.seconds,
               "target_1080p_frames_per_s": TARGET_1080P, "best_dali_gpu_1080p": best_1080,
-              "best_cpu_1080p": best_cpu_1080,
+              "best_peer_gpu_1080p": best_peer_1080, "best_cpu_1080p": best_cpu_1080,
               "target_met": None if best_1080 is None else best_1080 >= TARGET_1080P,
+              "engine_load": "mean nvidia-smi dmon -s u percentages over each row's timed window (1 s samples)",
               "total_seconds": time.perf_counter() - t0, "results": results}
     (args.out / "video_decode.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(results, args.out / "video_decode.png")
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {args.out / 'video_decode.json'} and video_decode.png in {time.perf_counter() - t0:.0f} s; "
-          f"best DALI GPU 1080p: {best_1080}", flush=True)
+          f"best DALI GPU 1080p: {best_1080}, best peer: {best_peer_1080}", flush=True)
     return report
 
 
