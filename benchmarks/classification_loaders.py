@@ -8,13 +8,24 @@ Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from r
 - loader: the bare input pipeline, batches consumed as float NCHW tensors on the GPU (what the
   DESIGN.md baseline measured). One epoch warms up (workers, caches, allocator); then whole
   epochs are timed until at least 2 epochs and ``--min-seconds`` (5 s) have passed.
-- train: a training step (--arch, default ResNet-50; AMP on the GPU, channels-last) fed by the backend; images/s and the
-  share of the step spent waiting for data. ``synthetic`` is the upper bound.
+- train: a training step (--arch, default ResNet-50; AMP on the GPU, channels-last) fed by the backend; images/s,
+  the share of the step spent waiting for data and that wait per step (median, p90, max, every step's).
+  ``synthetic`` is the upper bound. Each row runs twice (``--train-sync``): with the host free to run
+  ahead of the GPU, and with a device sync after every batch fetch (as a loop reading ``loss.item()``
+  every step does), which shows what the per-step sync costs each backend.
 
 Configurations: torchvision ImageFolder + PIL, torchvision decode_image + v2 (crossdali's
-``native``), torchvision's batched ``decode_jpeg`` on the GPU + the same v2 preset there, DALI
-all-CPU, and DALI mixed with the hardware JPEG decoder share 0 / 0.5 / 0.75 / 1.0 and 2 / 4 / 8 /
-15 CPU threads. Writes ``classification_loaders.json``, rewritten after every
+``native``), torchvision's batched ``decode_jpeg`` on the GPU + the same v2 preset there, SPDL
+(Meta's thread-based loader, ``spdl-io``; optional: its rows say ``skipped`` where it does not
+import) three ways: FFmpeg decode in threads + the v2 preset there, FFmpeg decode with the crop,
+resize and flip done by FFmpeg's filter graph (SPDL's documented augmentation) + v2 normalize on
+the device, and SPDL's nvJPEG GPU decode + v2 on the GPU (CUDA only); DALI all-CPU, and DALI mixed
+with the hardware JPEG decoder share 0 / 0.5 / 0.75 / 1.0 and 2 / 4 / 8 / 15 CPU threads.
+
+Engine load: every loader and train row carries ``engine_load``, the mean (and max) percent of the
+GPU's SMs, NVDEC, NVJPG, ... from ``nvidia-smi dmon`` over the row's timed epochs (train rows: over
+the warm-up and timed steps); ``None`` without nvidia-smi. The raw dmon lines go to
+``dmon_classification.log``. Writes ``classification_loaders.json``, rewritten after every
 configuration, so a run cut short keeps what it measured.
 """
 
@@ -22,12 +33,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 
 import torch
 
 from benchmarks import usage_error
+from benchmarks.engine_load import EngineLoad
 from benchmarks.loader_rows import environment, sync, time_epochs, write_report
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
@@ -48,7 +64,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--min-seconds", type=float, default=5.0,
                         help="time whole epochs until at least this long (and at least 2 epochs) per loader")
     parser.add_argument("--train-warmup", type=int, default=10, help="untimed ResNet-50 steps before timing")
-    parser.add_argument("--train-steps", type=int, default=30, help="timed ResNet-50 steps per backend")
+    parser.add_argument("--train-steps", type=int, default=60, help="timed ResNet-50 steps per backend")
+    parser.add_argument("--train-sync", default="none,step",
+                        help="per training row: 'none' (the host runs ahead; the loss is never read) and/or 'step' "
+                             "(wait for the device after fetching every batch, as a loop reading loss.item() does)")
     parser.add_argument("--train-threads", default="4,15",
                         help="DALI threads for the dali-gpu training rows (the other backends use --workers)")
     parser.add_argument("--arch", default="resnet50", help="torchvision model trained in the training rows")
@@ -115,21 +134,204 @@ class _TorchvisionGPUDecodeLoader:
             yield torch.stack([self.preset(image) for image in images]), labels
 
 
-def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10) -> dict[str, float]:
-    """``steps`` RN50 training steps after ``warmup`` untimed ones; data wait measured per step."""
+SPDL_ROWS = {  # row name -> kind; SPDL is optional, so these rows may say "skipped"
+    "SPDL (FFmpeg decode in threads) + v2": "spdl-v2",
+    "SPDL (FFmpeg decode + crop/flip filter in threads)": "spdl-filter",
+    "SPDL nvJPEG (GPU decode) + v2": "spdl-nvjpeg",
+}
+SPDL_NVJPEG_CONCURRENCY = 7  # what SPDL's ImageNet example runs its nvJPEG stage with
+
+
+def _spdl_missing(probe: str) -> str | None:
+    """Why SPDL cannot run here, ``None`` when it can. ``spdl.io`` imports without its FFmpeg
+    libraries and fails at the first decode, so the probe decodes one real file."""
+    try:
+        import spdl.io
+        import spdl.pipeline  # noqa: F401
+
+        spdl.io.load_image(probe)
+    except Exception as e:  # ImportError, or RuntimeError naming the FFmpeg libraries it looked for
+        return f"SPDL is not usable here: {type(e).__name__}: {e}"
+    return None
+
+
+def _spdl_version() -> str | None:
+    try:
+        return metadata.version("spdl_io")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class _SPDLLoader:
+    """``spdl.pipeline.PipelineBuilder`` stages over the (path, label) pairs: ``per_sample`` in
+    ``threads`` threads, batches of ``batch_size`` through ``per_batch`` (``batch_concurrency`` at
+    once), then ``device_stage`` on one dedicated thread (SPDL's advice for the host-to-device copy:
+    one thread keeps one CUDA stream). One pipeline for all epochs, its source ``continuous`` and
+    reshuffled each pass (SPDL 0.8's multi-epoch reuse, like ``persistent_workers``): rebuilding it
+    per epoch put its start-up into every timed epoch. ``max_failures=0``: a file that fails stops
+    the row instead of shrinking the epoch unseen."""
+
+    def __init__(self, source, *, per_sample, per_batch, device_stage, batch_size: int, threads: int,
+                 batch_concurrency: int = 1) -> None:
+        from spdl.pipeline import PipelineBuilder
+
+        device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spdl-device")
+        builder = PipelineBuilder().add_source(_Reshuffled(list(zip(source.files, source.labels, strict=True))),
+                                               continuous=True)
+        if per_sample is not None:
+            builder.pipe(per_sample, concurrency=threads)
+        builder.aggregate(batch_size).pipe(per_batch, concurrency=batch_concurrency)
+        if device_stage is not None:
+            builder.pipe(device_stage, executor=device_thread)
+        self.pipeline = builder.add_sink(3).build(num_threads=threads, max_failures=0)
+        weakref.finalize(self, _stop_spdl, self.pipeline, device_thread)
+
+    def __iter__(self):
+        return self.pipeline.get_iterator()  # one epoch
+
+
+class _Reshuffled:
+    """The samples in a new random order on every pass."""
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def __iter__(self):
+        return iter(random.sample(self.samples, len(self.samples)))
+
+
+def _stop_spdl(pipeline, device_thread: ThreadPoolExecutor) -> None:
+    """Stop the pipeline (it runs ahead into the next epoch), then the thread its last stage used."""
+    pipeline.stop()
+    device_thread.shutdown()
+
+
+def _spdl_loader(kind: str, source, *, batch_size: int, workers: int, crop: int, device: torch.device):
+    """The SPDL rows, written the way SPDL's examples and docs load images (imagenet_classification.py,
+    image_dataloading.py, docs io/filtering "Data Augmentation with Filters"), with the RN50 train
+    transform of the other rows:
+
+    - ``spdl-v2``: ``spdl.io.load_image`` (FFmpeg decode to RGB24) per file in the pipeline's
+      threads, then the v2 preset on that CPU tensor in the same thread; ``transfer_tensor_h2d``.
+    - ``spdl-filter``: the random-resized-crop box (torchvision's own draw) and the flip become an
+      FFmpeg filter graph (crop, bilinear scale, hflip) run by ``decode_packets``, so the full-size
+      image never reaches Python; ``convert_frames`` batches, then h2d and v2's normalize on the device.
+      Resampling is swscale's bilinear, not torchvision's antialiased bilinear: same geometry, not
+      bit-equal pixels.
+    - ``spdl-nvjpeg``: ``decode_image_nvjpeg`` per image (full size, on the GPU), then the v2 preset
+      there, per batch, ``SPDL_NVJPEG_CONCURRENCY`` batches at once. Not ``load_image_batch_nvjpeg``:
+      it resizes every image to one size first, which would squash it before the random crop.
+    """
+    import spdl.io
+    from torchvision.transforms import RandomResizedCrop
+    from torchvision.transforms.v2 import functional as F
+
+    from crossdali.common.classification import ClassificationTransform
+    from crossdali.pytorch.presets import ClassificationPresetTrain
+
+    transform = ClassificationTransform(crop_size=crop)
+    preset = ClassificationPresetTrain(transform=transform)
+    cuda = device.type == "cuda"
+
+    def stack(samples):
+        return torch.stack([image for image, _ in samples]), torch.tensor([label for _, label in samples])
+
+    def to_device(batch):
+        return spdl.io.transfer_tensor_h2d(batch) if cuda else batch
+
+    if kind == "spdl-v2":
+        def decode_v2(sample):
+            path, label = sample
+            hwc = spdl.io.to_torch(spdl.io.load_image(path))  # uint8 RGB, HWC
+            return preset(hwc.permute(2, 0, 1)), label
+
+        return _SPDLLoader(source, per_sample=decode_v2, per_batch=stack, device_stage=to_device,
+                           batch_size=batch_size, threads=workers)
+
+    if kind == "spdl-filter":
+        mean, std = [m / 255 for m in transform.mean], [s / 255 for s in transform.std]
+
+        def decode_cropped(sample):
+            path, label = sample
+            packets = spdl.io.demux_image(path)
+            # torchvision's draw needs only the size: a tensor of that height and width with no data
+            top, left, h, w = RandomResizedCrop.get_params(torch.empty(0, packets.height, packets.width),
+                                                           list(transform.random_area),
+                                                           list(transform.random_aspect_ratio))
+            flip = ",hflip" if random.random() < 0.5 else ""
+            graph = f"crop={w}:{h}:{left}:{top},scale={crop}:{crop}:flags=bilinear,format=pix_fmts=rgb24{flip}"
+            return spdl.io.decode_packets(packets, filter_desc=graph), label
+
+        def batch_frames(samples):
+            buffer = spdl.io.convert_frames([frames for frames, _ in samples])  # uint8 NHWC
+            return spdl.io.to_torch(buffer), torch.tensor([label for _, label in samples])
+
+        def normalize_on_device(batch):
+            images, labels = to_device(batch)
+            images = F.to_dtype(images.permute(0, 3, 1, 2), torch.float32, scale=True)
+            return F.normalize(images, mean, std), labels
+
+        return _SPDLLoader(source, per_sample=decode_cropped, per_batch=batch_frames,
+                           device_stage=normalize_on_device, batch_size=batch_size, threads=workers)
+
+    if kind == "spdl-nvjpeg":
+        cuda_config = spdl.io.cuda_config(device_index=device.index or 0,
+                                          allocator=(torch.cuda.caching_allocator_alloc,
+                                                     torch.cuda.caching_allocator_delete))
+
+        def decode_batch_nvjpeg(samples):
+            images = [preset(spdl.io.to_torch(spdl.io.decode_image_nvjpeg(path, device_config=cuda_config)))
+                      for path, _ in samples]  # each uint8 RGB, CHW, on the GPU
+            return stack(list(zip(images, (label for _, label in samples), strict=True)))
+
+        return _SPDLLoader(source, per_sample=None, per_batch=decode_batch_nvjpeg, device_stage=None,
+                           batch_size=batch_size, threads=workers, batch_concurrency=workers)
+    raise ValueError(f"unknown SPDL row kind {kind!r}")
+
+
+def _error_text(e: Exception) -> str:
+    """``Type: message``; for an exception group (SPDL's ``PipelineFailure``: "pipeline stages
+    failed") also the root cause of its first failure, which says what went wrong."""
+    text = f"{type(e).__name__}: {e}"
+    first = next(iter(getattr(e, "exceptions", ())), None)  # getattr: no ExceptionGroup before Python 3.11
+    if first is None:
+        return text
+    cause = first.__cause__ or first
+    return f"{text}: {type(cause).__name__}: {cause}"
+
+
+def _engine_text(load: dict | None) -> str:
+    """The console's share of a row's engine load: SMs, NVDEC and NVJPG means, when dmon ran."""
+    if not load:
+        return ""
+    return "".join(f"  {name} {load[name]:.0f} %" for name in ("sm", "dec", "jpg") if name in load)
+
+
+def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10, *,
+                 sync_each_step: bool = False) -> dict:
+    """``steps`` training steps after ``warmup`` untimed ones; the data wait of every step.
+
+    The wait is the time the loop spends getting the next batch onto the device. Without
+    ``sync_each_step`` nothing else stops the host, so it runs ahead of the GPU as a training loop
+    that reads its loss every N steps does, and a wait is a real stall. ``sync_each_step`` waits for
+    the device after fetching every batch (what a loop that calls ``loss.item()`` every step does):
+    the GPU then idles while the host fetches the batch and launches the first kernels of the step,
+    which costs more the longer the host takes (issue 14 asks where the last 8 % goes)."""
     model.train()
     it = iter(_forever(loader))
-    wait, n, start = 0.0, 0, None
+    waits: list[float] = []
+    n, start = 0, None
     for step in range(warmup + steps):
         if step == warmup:
             sync(device)
-            wait, n, start = 0.0, 0, time.perf_counter()
+            waits, n, start = [], 0, time.perf_counter()
         t0 = time.perf_counter()
         images, labels = next(it)
         images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
         labels = labels.to(device, non_blocking=True)
-        sync(device)  # the wait includes the host-to-device copy
-        wait += time.perf_counter() - t0
+        if sync_each_step:
+            sync(device)  # the wait then includes the host-to-device copy
+        waits.append(time.perf_counter() - t0)
         # AMP on the GPU only: this measures GPU training; CPU autocast (bfloat16) is emulated and slow
         # on CPUs without AVX-512/AMX bfloat16 instructions
         with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
@@ -141,7 +343,11 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
         n += images.shape[0]
     sync(device)
     elapsed = time.perf_counter() - start
-    return {"img_s": n / elapsed, "data_wait_share": wait / elapsed, "steps": steps}
+    ms = sorted(1000 * w for w in waits)
+    return {"img_s": n / elapsed, "data_wait_share": sum(waits) / elapsed, "steps": steps,
+            "sync_each_step": sync_each_step, "step_ms": 1000 * elapsed / steps,
+            "data_wait_ms": {"median": ms[len(ms) // 2], "p90": ms[int(0.9 * (len(ms) - 1))], "max": ms[-1]},
+            "data_wait_ms_per_step": [round(1000 * w, 3) for w in waits]}
 
 
 def _forever(loader):
@@ -155,11 +361,17 @@ def main(args: argparse.Namespace) -> dict:
         # bfloat16 instructions trains ResNet-50 at 224 px under autocast at well under 1 image/s
         args.size, args.batch_size, args.workers, args.threads, args.hw_loads, args.train_steps = "tiny", 32, 2, "", "", 2
         args.min_seconds, args.train_warmup = 0.0, 1
-        args.train_threads, args.arch, args.crop_size = "", "resnet18", 64
+        args.train_threads, args.arch, args.crop_size, args.train_sync = "", "resnet18", 64, "none"
     elif not torch.cuda.is_available():
         raise usage_error("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)
+    with EngineLoad(log=args.out / "dmon_classification.log") as load:
+        return _measure(args, device, load)
+
+
+def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -> dict:
+    """Every loader row, then every train row, each with the engine load of its window."""
     t0 = time.perf_counter()
     root = ensure_classification(args.data_root, size=args.size, formats=("imagefolder",)) / "imagefolder"
     source = resolve_source(root, "train")
@@ -174,8 +386,11 @@ def main(args: argparse.Namespace) -> dict:
         ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers)),
         (f"torchvision decode_jpeg on the {'GPU' if device.type == 'cuda' else 'CPU'} + v2",
          dict(kind="tv-decode-jpeg", workers=workers)),
+        *((name, dict(kind=kind, workers=min(workers, SPDL_NVJPEG_CONCURRENCY) if kind == "spdl-nvjpeg" else workers))
+          for name, kind in SPDL_ROWS.items()),
         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
     ]
+    spdl_missing = _spdl_missing(source.files[0])
     for load in (float(x) for x in args.hw_loads.split(",") if x):
         configs.append((f"DALI GPU hw_decoder_load={load:g}", dict(backend="dali-gpu", workers=workers, hw_decoder_load=load)))
     for threads in (int(x) for x in args.threads.split(",") if x):
@@ -191,7 +406,9 @@ def main(args: argparse.Namespace) -> dict:
         "transform": f"decode + random-resized-crop {crop} + flip + normalize, float NCHW on the {device.type.upper()}",
         "train_model": f"{args.arch}, channels-last, " + ("AMP float16" if device.type == "cuda" else "float32 (no CPU AMP)"),
         "timing": (f"loader: 1 warm-up epoch, then whole epochs timed until >= 2 epochs and >= {args.min_seconds:g} s; "
-                   f"train: {args.train_warmup} warm-up steps, then --train-steps timed"),
+                   f"train: {args.train_warmup} warm-up steps, then --train-steps timed; engine_load: nvidia-smi dmon "
+                   "means over a loader row's timed epochs and a train row's warm-up + timed steps"),
+        "spdl": _spdl_version(),
         "loader": results,
         "train": train,
     }
@@ -200,20 +417,30 @@ def main(args: argparse.Namespace) -> dict:
         kind = cfg.pop("kind", None)
         row = {"name": name, "backend": kind or cfg["backend"], "threads": cfg["workers"],
                "hw_decoder_load": cfg.get("hw_decoder_load")}
+        if kind in SPDL_ROWS.values() and (spdl_missing or (kind == "spdl-nvjpeg" and device.type != "cuda")):
+            row["skipped"] = spdl_missing or "no CUDA device here: nvJPEG decodes on the GPU"
+            print(f"{name:52s} skipped: {row['skipped'][:120]}", flush=True)
+            results.append(row)
+            write_report(path, report)
+            continue
         try:  # one failing configuration is recorded with its error; the others still run
             if kind == "pil":
                 loader = _pil_imagefolder_loader(source, batch_size=bs, workers=cfg["workers"], crop=crop)
             elif kind == "tv-decode-jpeg":
                 loader = _TorchvisionGPUDecodeLoader(source, batch_size=bs, workers=cfg["workers"], crop=crop,
                                                      device=device)
+            elif kind in SPDL_ROWS.values():
+                loader = _spdl_loader(kind, source, batch_size=bs, workers=cfg["workers"], crop=crop, device=device)
             else:
                 loader = create_classification_loader(source, **common, **cfg, device_id=0)
             row.update(time_epochs(loader, device, min_seconds=args.min_seconds))
-            print(f"{name:45s} {row['img_s']:9,.0f} img/s", flush=True)
+            end = time.perf_counter()
+            row["engine_load"] = load.mean(end - row["seconds"], end)  # the timed epochs, not the warm-up one
+            print(f"{name:52s} {row['img_s']:9,.0f} img/s{_engine_text(row['engine_load'])}", flush=True)
             del loader
         except Exception as e:  # reported in the JSON
-            row["error"] = f"{type(e).__name__}: {e}"
-            print(f"{name:45s} FAILED: {row['error']}", flush=True)
+            row["error"] = _error_text(e)
+            print(f"{name:52s} FAILED: {row['error']}", flush=True)
         results.append(row)
         write_report(path, report)
 
@@ -232,9 +459,15 @@ def main(args: argparse.Namespace) -> dict:
             # a one-off start-up cost, so an untimed row absorbs it; the JSON keeps its number.
             train_configs.insert(1, ("warm-up (first DALI GPU pipeline, not a result)",
                                      dict(backend="dali-gpu", workers=workers, hw_decoder_load=1.0)))
-        for name, cfg in train_configs:
+        modes = [m.strip() for m in args.train_sync.split(",") if m.strip()]
+        if not modes or set(modes) - {"none", "step"}:
+            raise usage_error(f"--train-sync {args.train_sync!r}: give 'none', 'step' or 'none,step'")
+        runs = [(name, cfg, mode) for name, cfg in train_configs
+                for mode in (modes if not name.startswith("warm-up") else ["none"])]
+        for base_name, cfg, mode in runs:
             if cfg["backend"] == "dali-gpu" and device.type != "cuda":
                 continue
+            name = base_name + (" [device sync every step]" if mode == "step" else "")
             row = {"name": name, "backend": cfg["backend"], "threads": cfg["workers"]}
             try:
                 model = torchvision.models.get_model(args.arch, num_classes=source.num_classes)
@@ -242,13 +475,17 @@ def main(args: argparse.Namespace) -> dict:
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
                 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
                 loader = create_classification_loader(source, **common, **cfg, device_id=0)
-                row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps, args.train_warmup))
-                print(f"train {name:39s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.0f} %",
+                start = time.perf_counter()
+                row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps, args.train_warmup,
+                                        sync_each_step=mode == "step"))
+                row["engine_load"] = load.mean(start, time.perf_counter())
+                print(f"train {name:46s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.1f} % "
+                      f"(median {row['data_wait_ms']['median']:.2f} ms/step){_engine_text(row['engine_load'])}",
                       flush=True)
                 del loader, model, optimizer
             except Exception as e:  # reported in the JSON
                 row["error"] = f"{type(e).__name__}: {e}"
-                print(f"train {name:39s} FAILED: {row['error']}", flush=True)
+                print(f"train {name:46s} FAILED: {row['error']}", flush=True)
             train.append(row)
             write_report(path, report)
 
