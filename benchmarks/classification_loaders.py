@@ -391,8 +391,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
     ]
     spdl_missing = _spdl_missing(source.files[0])
-    for load in (float(x) for x in args.hw_loads.split(",") if x):
-        configs.append((f"DALI GPU hw_decoder_load={load:g}", dict(backend="dali-gpu", workers=workers, hw_decoder_load=load)))
+    for share in (float(x) for x in args.hw_loads.split(",") if x):
+        configs.append((f"DALI GPU hw_decoder_load={share:g}", dict(backend="dali-gpu", workers=workers, hw_decoder_load=share)))
     for threads in (int(x) for x in args.threads.split(",") if x):
         if threads != workers:
             configs.append((f"DALI GPU hw_decoder_load=1 {threads} threads",
