@@ -14,6 +14,15 @@ codec as a misleading "number of input samples: 0", so the files are probed with
 an H.264 file on the CPU path fails with an error that names the codec and the re-encode command
 (no PyAV decode fallback: it would be a second, slower decoder to keep equal to DALI's).
 
+Speed on the GPU (``benchmarks/video_decode.py``, H100, 1080p H.264, 2026-11-26): one such reader
+gives 511 frames/s and several readers or pipelines in one process stop near 1,500 with NVDEC at
+most a third busy. The legacy reader with 7-14 instances in one pipeline reaches 3,481-4,535 when
+every clip starts on a key frame (NVDEC 84-98 % busy), ahead of NVIDIA's PyNvVideoCodec on the same
+files; one legacy instance is slower (322-607). So the fast setting is several legacy readers per
+pipeline, each on a slice of the shard, merged into one batch. Not done here yet: the merge has to
+keep every clip exactly once per epoch and mid-epoch resume, and the legacy reader's checkpointing
+and error reporting are not verified on the GPU; until then this module keeps one reader per shard.
+
 optical flow pipeline: ``fn.optical_flow`` (the GPU's optical-flow engine, Turing or newer) on
 consecutive frames from the same reader. It has no CPU backend; on a machine without such a GPU
 ``require_optical_flow_hardware`` raises an error that says what is needed.
