@@ -50,8 +50,9 @@ case $phase in
     # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)
     step video_decode 560 "$py" -m benchmarks.video_decode --out "$out" --work "$CROSSDALI_DATA/video-bench" ;;
   videoprof)  # where the DALI rows lose to the hardware: test videos with a key frame every clip (gop16), both
-    # readers with 48-frame clips on the gop48 files (every clip starts at a key frame), then nsys over the x7 rows
-    # of both readers (CUDA API, kernel and OS-runtime summaries into nsys_video.log; the report itself is left out)
+    # readers with 48-frame clips on the gop48 files (every clip starts at a key frame), then nsys over crossdali's
+    # reader x7 (CUDA API, kernel and OS-runtime summaries into nsys_video.log). On the lent H100 of 2026-11-26 nsys
+    # was not on PATH (exit 127); the copy inside Nsight Compute collected but hung writing its report
     best="DALI reader x1 (,DALI reader x7 (,DALI reader x14 (,DALI legacy readers.video x1 (,DALI legacy readers.video x7 (,DALI legacy readers.video x14 (,PyNvVideoCodec SimpleDecoder x14"
     step video_decode_gop16 200 "$py" -m benchmarks.video_decode --out "$out/gop16" --encode gop16 \
       --resolutions 1080p --only "$best" --work "$CROSSDALI_DATA/video-bench"

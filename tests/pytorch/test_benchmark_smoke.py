@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,4 +79,9 @@ def test_video_benchmark_smoke(tmp_path, data_root):
     assert {"dali-cpu", "cpu"} <= kinds, kinds
     assert all("error" not in r and r["fps"] > 0 for r in report["results"]), report["results"]
     assert report["target_met"] is None  # the smoke run decodes no 1080p, so it claims nothing
+    dali = [r for r in report["results"] if r["kind"] == "dali-cpu"]
+    # DALI's rows say how many CPU cores they kept busy (the 2 cores here: more than 0, at most 2 and change)
+    assert all(0 < r["cpu_cores_busy"] <= (os.cpu_count() or 1) + 0.5 for r in dali), dali
+    if shutil.which("nvidia-smi") is None:  # no engines to sample: the load says so instead of inventing one
+        assert all(r.get("engine_load") is None for r in report["results"]), report["results"]
     assert (tmp_path / "video_decode.png").stat().st_size > 10_000
