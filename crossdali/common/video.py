@@ -15,7 +15,7 @@ an H.264 file on the CPU path fails with an error that names the codec and the r
 (no PyAV decode fallback: it would be a second, slower decoder to keep equal to DALI's).
 
 Speed on the GPU (``benchmarks/video_decode.py``, H100, 1080p H.264, 2026-11-26): one such reader
-gives 511 frames/s and several readers or pipelines in one process stop near 1,500 with NVDEC at
+gives 511 frames/s and several readers or pipelines in one process stop at 1,400-1,600 with NVDEC at
 most a third busy. The legacy reader with 7-14 instances in one pipeline reaches 3,481-4,535 when
 every clip starts on a key frame (NVDEC 84-98 % busy), ahead of NVIDIA's PyNvVideoCodec on the same
 files; one legacy instance is slower (322-607). So the fast setting is several legacy readers per
