@@ -423,7 +423,14 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
             results.append(row)
             write_report(path, report)
             continue
+        intra_op = torch.get_num_threads()
         try:  # one failing configuration is recorded with its error; the others still run
+            if kind in SPDL_ROWS.values():
+                # One torch intra-op thread per SPDL worker thread, as every DataLoader worker process
+                # has: 15 threads each opening a full OpenMP team oversubscribe the cores (the 2026-11-26
+                # SPDL rows ran without this)
+                torch.set_num_threads(1)
+                row["torch_intra_op_threads"] = 1
             if kind == "pil":
                 loader = _pil_imagefolder_loader(source, batch_size=bs, workers=cfg["workers"], crop=crop)
             elif kind == "tv-decode-jpeg":
@@ -441,6 +448,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         except Exception as e:  # reported in the JSON
             row["error"] = _error_text(e)
             print(f"{name:52s} FAILED: {row['error']}", flush=True)
+        finally:
+            torch.set_num_threads(intra_op)
         results.append(row)
         write_report(path, report)
 
