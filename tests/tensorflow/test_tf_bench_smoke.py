@@ -57,4 +57,7 @@ def test_training_speed_smoke(tmp_path, data_root):
         # batches are all full); epoch 2 is timed
         assert row["steps"] == 9 and row["images"] == (288 if backend == "synthetic" else 264) and row["img_s"] > 0, row
         assert 0 <= row["data_wait_share"] < 1 and f"--data-backend {backend}" in row["command"], row
+        # the wait of every timed step, from the script's own step records
+        assert len(row["data_wait_ms_per_step"]) == row["steps"], row
+        assert row["data_wait_ms"]["max"] == pytest.approx(max(row["data_wait_ms_per_step"]), abs=1e-3), row
     assert report["share_of_synthetic"]["synthetic"] == 1.0 and not report["amp"]
