@@ -243,9 +243,10 @@ def bench_reader(files, *, device: str, instances: int, seconds: float, batch: i
     return _timed(lambda: (p.run(), instances * batch * seq)[1], seconds=seconds) | {"sequence_length": seq}
 
 
-def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: int = 4, seq: int = 16) -> dict:
+def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: int = 4, seq: int = 16,
+                    legacy: bool = False) -> dict:
     pipes = [_reader_pipeline(files, device=device, instances=1, batch=batch, seq=seq, threads=2,
-                              shard_offset=i, total_shards=count) for i in range(count)]
+                              shard_offset=i, total_shards=count, legacy=legacy) for i in range(count)]
     for p in pipes:  # warm-up
         p.run()
     done = [0] * count
@@ -458,6 +459,10 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
             for k in (7, 14):
                 rows.append((f"DALI legacy readers.video x{k}, 48-frame clips", kind, bench_reader,
                              dict(files=files, device=device, instances=k, seconds=seconds, seq=48, legacy=True)))
+            # the shape a loader with one pipeline per sub-shard would have (issue 14's next step):
+            # k pipelines of one legacy reader each, beside k readers in one pipeline above
+            rows.append(("DALI legacy readers.video, 7 pipelines (threads)", kind, bench_pipelines,
+                         dict(files=files, device=device, count=7, seconds=seconds, legacy=True)))
     if full:
         rows.append((f"DALI decoders.video batch 7 ({args.decoder_frames} fr/file)", kind, bench_decoder,
                      dict(files=files, device=device, batch=7, frames_per_file=min(args.decoder_frames, n_frames),
