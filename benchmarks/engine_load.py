@@ -22,6 +22,14 @@ import time
 from pathlib import Path
 
 
+def _percent(field: str) -> float:
+    """One dmon value; "-" (an engine this GPU lacks) becomes NaN, left out of the means."""
+    try:
+        return float(field)
+    except ValueError:
+        return float("nan")
+
+
 class EngineLoad:
     """``nvidia-smi dmon -s u -i GPU`` in the background; ``mean(t0, t1)`` per column over a window."""
 
@@ -64,11 +72,7 @@ class EngineLoad:
                     if not self.columns and len(fields) > 2 and fields[1] == "gpu":
                         self.columns = fields[2:]  # "# gpu sm mem enc dec jpg ofa"
                     continue
-                try:
-                    values = [float(v) for v in fields[1:]]
-                except ValueError:  # "-" for an engine this GPU lacks
-                    values = [float(v) if v.replace(".", "", 1).isdigit() else float("nan") for v in fields[1:]]
-                self.samples.append((stamp, values))
+                self.samples.append((stamp, [_percent(v) for v in fields[1:]]))
         finally:
             if sink:
                 sink.close()

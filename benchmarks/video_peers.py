@@ -132,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": f"{type(e).__name__}: {e}"[:2000]}), flush=True)
         return 1
     print(json.dumps(out), flush=True)
-    sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: decoder threads may still be inside the driver
 
 
