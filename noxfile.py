@@ -23,7 +23,7 @@ PARITY = ROOT / ".cache" / "parity"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 # parity runs last: it compares the dumps that the tests-<framework> sessions wrote
-nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-mxnet", "tests-horovod", "tests-jax", "parity"]
+nox.options.sessions = ["lint", "tests-pytorch", "tests-tensorflow", "tests-mxnet", "tests-jax", "parity"]
 
 
 def _env() -> dict[str, str]:
@@ -55,11 +55,26 @@ def _parity_dump(session: nox.Session, framework: str) -> None:
 
 @nox.session(name="tests-pytorch")
 def tests_pytorch(session: nox.Session) -> None:
-    """Common pipelines, PyTorch loaders and training, torchrun launches (CPU)."""
+    """Common pipelines, PyTorch loaders and training (CPU); then Horovod 0.28.1 built into this same
+    environment (scripts/install-horovod: about 10 min on 2 cores the first time, then reused),
+    horovodrun --gloo and torchrun jobs checked against one process, the Dockerfiles and the README.
+
+    One environment for both parts: torch's CUDA wheels take 5.5 GB, and a second copy (Horovod had a
+    session of its own) filled the CI machine's disk on 2026-11-26. Arguments after ``--`` replace
+    both pytest runs with one run of exactly those (no Horovod build: the launcher tests skip, with
+    the reason, until a full run has built it)."""
     _install(session, "pytorch")
     _parity_mark(session, "pytorch")
     _pytest(session, "tests/common", "tests/pytorch", "tests/video", "tests/detection", "tests/conformance")
     _parity_dump(session, "pytorch")
+    if session.posargs:
+        return
+    session.install("-r", "requirements/lint.txt")  # hadolint, for tests/test_docker.py
+    # --cpu: Gloo only (no GPU here); one CUDA arch for the kernels a CUDA build of torch pulls in
+    session.run("bash", "scripts/install-horovod", "--pytorch", "--cpu", external=True,
+                env={"PYTHON": str(Path(session.bin) / "python"), "HOROVOD_BUILD_CUDA_CC_LIST": "90"})
+    session.run("python", "-m", "pytest", "tests/launch", "tests/test_docker.py", "tests/test_readme.py",
+                "-m", "not gpu", env={**_env(), "CROSSDALI_REQUIRE_HOROVOD": "1"})
 
 
 @nox.session(name="tests-tensorflow")
@@ -92,19 +107,6 @@ def tests_jax(session: nox.Session) -> None:
     _pytest(session, "tests/jax", "tests/conformance/test_seed_order.py", "tests/conformance/test_scripts_refuse_bad_data.py",
             "tests/common/test_same_flags.py")
     _parity_dump(session, "jax")
-
-
-@nox.session(name="tests-horovod")
-def tests_horovod(session: nox.Session) -> None:
-    """Horovod 0.28.1 built for PyTorch (scripts/install-horovod: about 10 min on 2 cores the first
-    time, then reused), then horovodrun --gloo and torchrun jobs checked against one process (CPU)."""
-    _install(session, "pytorch")
-    session.install("-r", "requirements/horovod.txt", "-r", "requirements/lint.txt")  # lint: hadolint
-    # --cpu: Gloo only (no GPU here); one CUDA arch for the kernels a CUDA build of torch pulls in
-    session.run("bash", "scripts/install-horovod", "--pytorch", "--cpu", external=True,
-                env={"PYTHON": str(Path(session.bin) / "python"), "HOROVOD_BUILD_CUDA_CC_LIST": "90"})
-    args = session.posargs or ["tests/launch", "tests/test_docker.py", "tests/test_readme.py", "-m", "not gpu"]
-    session.run("python", "-m", "pytest", *args, env={**_env(), "CROSSDALI_REQUIRE_HOROVOD": "1"})
 
 
 @nox.session

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = sorted((ROOT / "docker").glob("*/Dockerfile"))
 # Dockerfile -> the nox sessions whose installs it must reproduce.
 SESSIONS = {
-    "pytorch": ["tests-pytorch", "tests-horovod"],
+    "pytorch": ["tests-pytorch"],
     "tensorflow": ["tests-tensorflow"],
     "mxnet": ["tests-mxnet"],
 }

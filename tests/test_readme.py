@@ -13,6 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SESSIONS = {"pytorch": "tests-pytorch", "tensorflow": "tests-tensorflow", "jax": "tests-jax", "mxnet": "tests-mxnet"}
 TEST_TOOLS = {"requirements/lint.txt", "requirements/nox.txt"}
+# Horovod is optional: scripts/install-horovod installs it (and this file) where a user wants it,
+# and README says so in its own line; tests-pytorch runs that script after its unit tests.
+OPTIONAL = {"requirements/horovod.txt"}
 
 
 def readme_install_lines() -> list[str]:
@@ -37,7 +40,7 @@ def pip_installs(line: str) -> tuple[set[tuple[str, tuple[str, ...]]], bool]:
 
 @pytest.mark.parametrize("framework", SESSIONS)
 def test_readme_installs_what_the_framework_session_installs(framework, nox_installs):
-    expected = {(f, flags) for f, flags in nox_installs(SESSIONS[framework]) if f not in TEST_TOOLS}
+    expected = {(f, flags) for f, flags in nox_installs(SESSIONS[framework]) if f not in TEST_TOOLS | OPTIONAL}
     lines = [line for line in readme_install_lines() if f"requirements/{framework}.txt" in line]
     assert len(lines) == 1, f"README should have one install line for {framework}, found {lines}"
     files, editable = pip_installs(lines[0])

@@ -4,7 +4,7 @@
 What "correct" means here: every val sample is evaluated exactly once across the ranks; the ranks
 start from rank 0's weights; gradients are averaged; metrics are summed over ranks; only rank 0
 writes; and the top-1 a 2-rank job reports equals the top-1 a single process computes on the same
-checkpoint. ``nox -s tests-horovod`` builds Horovod (scripts/install-horovod) and sets
+checkpoint. ``nox -s tests-pytorch`` builds Horovod (scripts/install-horovod) and sets
 CROSSDALI_REQUIRE_HOROVOD=1, so there a missing Horovod fails instead of skipping.
 """
 
@@ -36,7 +36,7 @@ def _horovod_or_skip() -> None:
     if importlib.util.find_spec("horovod") is None or not HOROVODRUN.exists():
         if os.environ.get("CROSSDALI_REQUIRE_HOROVOD") == "1":
             pytest.fail("CROSSDALI_REQUIRE_HOROVOD=1 but Horovod is not installed: run scripts/install-horovod")
-        pytest.skip("Horovod is not installed in this environment: scripts/install-horovod (nox -s tests-horovod)")
+        pytest.skip("Horovod is not installed in this environment: scripts/install-horovod (a full nox -s tests-pytorch)")
 
 
 def _command(launcher: str, *args: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 They run where Horovod was built for that framework (``scripts/install-horovod --tensorflow`` or
 ``--mxnet`` in that framework's environment) and skip with the reason elsewhere: CI builds Horovod
-only for PyTorch (``nox -s tests-horovod``), because each build costs about 10 minutes on 2 cores.
+only for PyTorch (``nox -s tests-pytorch``), because each build costs about 10 minutes on 2 cores.
 
 Checked: both ranks train (world size 2, engine horovod), rank 0 alone writes, every val sample is
 evaluated once across the ranks, and a single process evaluating the checkpoint rank 0 saved

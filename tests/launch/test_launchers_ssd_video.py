@@ -24,7 +24,7 @@ def _horovodrun(*args: str, data_root: Path) -> None:
     if not HOROVODRUN.exists():
         if os.environ.get("CROSSDALI_REQUIRE_HOROVOD") == "1":
             pytest.fail("CROSSDALI_REQUIRE_HOROVOD=1 but Horovod is not installed: run scripts/install-horovod")
-        pytest.skip("Horovod is not installed in this environment: scripts/install-horovod (nox -s tests-horovod)")
+        pytest.skip("Horovod is not installed in this environment: scripts/install-horovod (a full nox -s tests-pytorch)")
     env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([str(HOROVODRUN), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *args],
                           env=env, capture_output=True, text=True, timeout=900)
