@@ -15,6 +15,8 @@ at each resolution (1080p the whole sweep, 720p the best configurations):
   instances in one pipeline (each a shard of the files), 48-frame clips, several pipelines in one
   process run from threads; DALI's legacy ``fn.readers.video`` (NVDEC only) the same way. Clips of
   16 consecutive frames, uint8 RGB on the GPU.
+- crossdali's PyTorch clip loader as training runs it (random crop, flip, normalize, float16), with
+  one pipeline and with the shard split over 7 (``pipelines=``).
 - DALI ``fn.decoders.video`` (device="mixed") on whole files read by ``fn.readers.file``.
 - Peers on the GPU, each in its own process (``benchmarks/video_peers.py``): NVIDIA's
   PyNvVideoCodec (``SimpleDecoder``, RGB output) and torchcodec's CUDA decoder (NVCUVID "beta" and
@@ -268,6 +270,36 @@ def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: in
     return _window(sum(done), start, cpu0)
 
 
+def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: int = 28, seq: int = 16,
+                 crop: int = 112) -> dict:
+    """crossdali's PyTorch clip loader as training uses it (train split: random crop, flip,
+    normalize, float16 NCFHW on the GPU), ``pipelines`` DALI pipelines merged per batch."""
+    import torch
+
+    from crossdali.common.sources import DataSource
+    from crossdali.pytorch.video import create_video_loader
+
+    source = DataSource(format="filelist", root=Path(files[0]).parent, files=tuple(files),
+                        labels=(0,) * len(files), num_samples=len(files))
+    loader = create_video_loader(source, train=True, backend="dali-gpu" if device == "gpu" else "dali-cpu",
+                                 batch_size=batch, sequence_length=seq, step=seq, crop_size=crop, workers=2,
+                                 device_id=0 if device == "gpu" else None, dtype="float16", pipelines=pipelines)
+    batches = iter(())
+
+    def step() -> int:
+        nonlocal batches
+        clips = next(batches, None)
+        if clips is None:  # the next epoch
+            batches = iter(loader)
+            clips = next(batches)
+        if device == "gpu":
+            torch.cuda.synchronize()
+        return clips[0].shape[0] * seq
+
+    return _timed(step, seconds=seconds) | {"sequence_length": seq, "batch": batch, "crop": crop,
+                                            "pipelines": pipelines}
+
+
 def bench_decoder(files, *, device: str, batch: int, frames_per_file: int, seconds: float) -> dict:
     from nvidia.dali import fn, pipeline_def
 
@@ -451,6 +483,12 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
     for k in pipelines:
         rows.append((f"DALI pipelines x{k} (threads, one process)", kind, bench_pipelines,
                      dict(files=files, device=device, count=k, seconds=seconds)))
+    # crossdali's loader itself (crop, flip, normalize included): one pipeline, and the shard split
+    # over several (``pipelines=``, the loader-level shape of the "pipelines" rows above)
+    for k in ([1, 2] if args.smoke else [1, 7] if full else [7]):
+        rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}", kind, bench_loader,
+                     dict(files=files, device=device, pipelines=k, seconds=seconds,
+                          **({"batch": 4, "crop": 32} if args.smoke else {}))))
     if device == "gpu":
         for k in ([1, 4, 7, 14] if full else [7]):
             rows.append((f"DALI legacy readers.video x{k} (one pipeline)", kind, bench_reader,

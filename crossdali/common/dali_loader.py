@@ -1,8 +1,8 @@
 """The framework-neutral half of a DALI loader: epochs, padding-only batches, errors that name the
-file, and ``state_dict`` with DALI's pipeline checkpoint (the ``Loader`` contract of
-``crossdali.common.loaders``). A framework's loader subclasses it with the DALI iterator of its
-plugin and how that iterator's outputs become a batch (DALI's own plugins share one base iterator
-the same way). Nothing here imports a framework.
+file, several pipelines per shard merged into one batch, and ``state_dict`` with DALI's pipeline
+checkpoints (the ``Loader`` contract of ``crossdali.common.loaders``). A framework's loader
+subclasses it with the DALI iterator of its plugin and how that iterator's outputs become a batch
+(DALI's own plugins share one base iterator the same way). Nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint
-from crossdali.common.options import PipelineOptions
+from crossdali.common.options import PipelineOptions, sub_shard_options
+from crossdali.common.script import UsageError
 
 __all__ = ["DALIIteratorLoader"]
 
@@ -20,17 +22,22 @@ log = logging.getLogger(__name__)
 
 
 class DALIIteratorLoader:
-    """One DALI pipeline behind a framework iterator: ``for batch in loader`` is one epoch of tuples
+    """DALI pipelines behind a framework iterator: ``for batch in loader`` is one epoch of tuples
     of the ``names`` outputs (those in ``flatten`` reshaped to (N,)); a shard's padding-only last
     batch is skipped; DALI's failures become errors naming the file (``explain``).
 
+    ``plan.pipelines`` > 1 splits this shard over that many pipelines (``sub_shard_options``), each
+    behind its own iterator with its own ``reader_name`` bookkeeping; a step takes one batch from
+    each and concatenates them. The iterators stay in step by construction: DALI's PARTIAL pads
+    every shard to the longest one's batches, so they all end on the same step (``_next`` checks).
+
     Built with ``options.checkpointing`` (the default), ``state_dict()`` carries DALI's pipeline
-    checkpoint (reader position, shuffle and augmentation state) as text, so a restored loader
-    continues the epoch with exactly the batches the uninterrupted one would have given.
+    checkpoints (reader position, shuffle and augmentation state) as text, one per pipeline, so a
+    restored loader continues the epoch with exactly the batches the uninterrupted one would have given.
 
     Subclasses define ``_new_iterator(pipeline)`` (the plugin's iterator, with ``reader_name``,
     ``last_batch_policy`` and ``auto_reset=True``), ``_outputs(raw)`` (the dict of named outputs
-    of one ``next()``) and ``_flat(array)``.
+    of one ``next()``), ``_flat(array)`` and, for several pipelines, ``_concat(arrays)``.
     """
 
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
@@ -41,7 +48,9 @@ class DALIIteratorLoader:
         self.names, self.flatten, self.epoch = names, flatten, 0
         self.reader_name = reader_name
         self._options, self._build, self._explain = options, build, explain
-        self._iter = self._make_iterator(options)
+        self._pipeline_options = sub_shard_options(options, plan.pipelines)
+        self._batches = 0  # batches yielded in the epoch in progress
+        self._iters = [self._make_iterator(o) for o in self._pipeline_options]
 
     # -- what a framework subclass provides --------------------------------------------------
     def _new_iterator(self, pipeline):
@@ -53,12 +62,33 @@ class DALIIteratorLoader:
     def _flat(self, array):
         raise NotImplementedError
 
+    def _concat(self, arrays: list):
+        raise NotImplementedError(f"{type(self).__name__} reads one pipeline per shard")
+
+    @property
+    def _iterator_policy(self) -> LastBatchPolicy:
+        """The last-batch policy to give DALI's iterator: ``self.policy``, except that DROP is counted
+        here and the iterator runs PARTIAL. DALI 2.4's iterator under DROP leaves a shard's padded last
+        batch in the pipeline whenever ``floor(samples / shards)`` is a multiple of the batch size and
+        the shards are unequal (measured: 41 images, 2 ranks, batch 4: from the second epoch on every
+        rank's first batch was one image four times, and later ones shifted, so images repeated and
+        others went missing). PARTIAL reads each epoch to its end, so here DROP yields the first
+        ``len(self)`` batches (all full) and reads the rest of the epoch without yielding it."""
+        if self.policy == LastBatchPolicy.DROP and self.reader_name:
+            return LastBatchPolicy.PARTIAL
+        return self.policy
+
     # -- the contract ---------------------------------------------------------------------------
     def _make_iterator(self, options: PipelineOptions):
         try:
             return self._new_iterator(self._build(options))
         except RuntimeError as e:  # the iterator runs the first batch: a bad file fails here
             raise self._explain(e) from e
+
+    @property
+    def pipelines(self) -> int:
+        """DALI pipelines reading this shard (each its own part of it)."""
+        return len(self._iters)
 
     @property
     def num_samples(self) -> int:
@@ -68,33 +98,59 @@ class DALIIteratorLoader:
     def __len__(self) -> int:
         return self.plan.batches_per_epoch
 
-    def __iter__(self) -> Iterator[tuple]:
-        while True:
+    def _next(self) -> dict | None:
+        """The next step's named outputs (the pipelines' parts concatenated), or None at the epoch's end."""
+        parts, ended = [], 0
+        for it in self._iters:
             try:  # next() on DALI's iterator, not iter(): iter() mid-epoch asks for a reset it refuses
-                batch = self._outputs(next(self._iter))
+                parts.append(self._outputs(next(it)))
             except StopIteration:
-                break
+                ended += 1
             except RuntimeError as e:
                 raise self._explain(e) from e
+        if ended:
+            if parts:
+                raise RuntimeError(f"{ended} of {len(self._iters)} pipelines ended their epoch before the others: "
+                                   "their shard sizes disagree (a bug in crossdali, please report it)")
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        return {n: self._concat([p[n] for p in parts]) for n in self.names}
+
+    def __iter__(self) -> Iterator[tuple]:
+        counted = self._iterator_policy != self.policy  # DROP, counted here (see _iterator_policy)
+        while (batch := self._next()) is not None:
+            if counted and self._batches >= len(self):
+                continue  # the epoch's last, partial batch: read so the next epoch starts clean, not yielded
             if batch[self.names[0]].shape[0] == 0:
                 continue  # a shard shorter than the longest one ends with an empty batch
+            self._batches += 1
             yield tuple(self._flat(batch[n]) if n in self.flatten else batch[n] for n in self.names)
         self.epoch += 1
+        self._batches = 0
 
     def state_dict(self) -> dict:
-        state = {"epoch": self.epoch}
+        state = {"epoch": self.epoch, "batches": self._batches}
         if self._options.checkpointing:
-            state["dali"] = encode_dali_checkpoint(self._iter.checkpoints()[0])
+            saved = [encode_dali_checkpoint(it.checkpoints()[0]) for it in self._iters]
+            state["dali"] = saved[0] if len(saved) == 1 else saved
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
+        self.epoch, self._batches = int(state["epoch"]), int(state.get("batches", 0))
         if "dali" not in state:
             log.warning("loader state without a DALI checkpoint: epoch counter restored, but the data order "
                         "starts again as in a fresh run (build the loader with checkpointing=True)")
+            self._batches = 0
             return
         if not self._options.checkpointing:
             raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
                              "checkpointing: pass checkpointing=True to the loader factory")
-        self._options = replace(self._options, checkpoint=decode_dali_checkpoint(state["dali"]))
-        self._iter = self._make_iterator(self._options)
+        saved = state["dali"] if isinstance(state["dali"], list) else [state["dali"]]
+        if len(saved) != len(self._iters):
+            raise UsageError(f"this loader state holds the checkpoints of {len(saved)} DALI pipeline(s) per shard, "
+                             f"but the loader has {len(self._iters)}: build it with pipelines={len(saved)} "
+                             f"(--pipelines {len(saved)}) to resume")
+        self._pipeline_options = [replace(o, checkpoint=decode_dali_checkpoint(c))
+                                  for o, c in zip(self._pipeline_options, saved, strict=True)]
+        self._iters = [self._make_iterator(o) for o in self._pipeline_options]

@@ -9,6 +9,11 @@
   each epoch; the reader reshuffles globally every epoch, so a different few each time. The
   count is logged at start-up rather than hidden. Pass ``policy="partial"`` to keep them
   (ranks may then get an empty last batch, which a data-parallel step cannot take).
+
+DROP is counted by crossdali's loaders over DALI's PARTIAL, not left to DALI's iterator: DALI 2.4's
+DROP leaves a shard's padded last batch in the pipeline when ``samples // shards`` is a multiple of
+the batch size and the shards are unequal, and that batch then opens the next epoch (repeated samples;
+``crossdali.common.dali_loader.DALIIteratorLoader._iterator_policy``).
 """
 
 from __future__ import annotations
@@ -49,9 +54,15 @@ def batches_per_epoch(num_samples: int, *, batch_size: int, num_shards: int, pol
     return math.ceil(math.ceil(num_samples / num_shards) / batch_size)
 
 
-def log_epoch_plan(name: str, num_samples: int, *, batch_size: int, num_shards: int, policy: LastBatchPolicy) -> None:
-    left = samples_left_out(num_samples, batch_size=batch_size, num_shards=num_shards, policy=policy)
-    msg = f"{name}: {num_samples} samples, {num_shards} shard(s), batch {batch_size}, last batch {policy.name}"
+def log_epoch_plan(name: str, num_samples: int, *, batch_size: int, num_shards: int, policy: LastBatchPolicy,
+                   pipelines: int = 1) -> None:
+    """One line at start-up: samples, shards, batch, last-batch rule, and what the rule leaves out.
+    With ``pipelines`` per shard (``crossdali.common.options.sub_shard_options``) each pipeline is a
+    shard of its own with ``batch_size / pipelines`` samples per step, which is what the count uses."""
+    left = samples_left_out(num_samples, batch_size=batch_size // pipelines, num_shards=num_shards * pipelines,
+                            policy=policy)
+    shards = f"{num_shards} shard(s)" + (f" x {pipelines} pipelines" if pipelines > 1 else "")
+    msg = f"{name}: {num_samples} samples, {shards}, batch {batch_size}, last batch {policy.name}"
     if left:
         msg += f"; {left} samples left out per epoch (a different set each epoch)"
     log.info(msg)

@@ -66,7 +66,7 @@ class ExternalLoaderMixin:
     def __iter__(self) -> Iterator[tuple]:
         while True:
             try:
-                batch = self._outputs(next(self._iter))
+                batch = self._outputs(next(self._iters[0]))  # one pipeline: the source feeds one
             except StopIteration:
                 break
             except RuntimeError as e:
@@ -108,4 +108,4 @@ class ExternalLoaderMixin:
                 log.warning("loader state without a DALI checkpoint: the epoch counter is restored, but epoch %d "
                             "starts again from its first batch (build the loader with checkpointing=True)", self.epoch)
                 self._samples, self._batches = 0, 0
-        self._iter = self._make_iterator(self._options)
+        self._iters = [self._make_iterator(self._options)]

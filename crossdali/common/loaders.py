@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
 from crossdali.common.options import PipelineOptions, check_backend, pipeline_options
+from crossdali.common.script import UsageError
 
 __all__ = ["Loader", "SplitPlan", "prepare_split", "encode_dali_checkpoint", "decode_dali_checkpoint"]
 
@@ -69,11 +70,12 @@ class SplitPlan:
     dist: DistInfo
     policy: LastBatchPolicy
     num_samples: int  # samples per epoch over all shards (clips for video)
+    pipelines: int = 1  # DALI pipelines per shard, each a shard of its own (options.sub_shard_options)
 
     @property
     def batches_per_epoch(self) -> int:
-        return batches_per_epoch(self.num_samples, batch_size=self.batch_size, num_shards=self.dist.world_size,
-                                 policy=self.policy)
+        return batches_per_epoch(self.num_samples, batch_size=self.batch_size // self.pipelines,
+                                 num_shards=self.dist.world_size * self.pipelines, policy=self.policy)
 
     @property
     def num_classes(self) -> int:
@@ -102,17 +104,22 @@ def prepare_split(
     count: Callable[[Any], int] | None = None,
     policies: tuple[LastBatchPolicy, ...] = (LastBatchPolicy.PARTIAL, LastBatchPolicy.DROP, LastBatchPolicy.FILL),
     what: str = "",
+    pipelines: int = 1,
 ) -> SplitPlan:
     """The shared start of every loader factory.
 
     ``data`` is a dataset path or an already resolved source (an instance of ``source_type``);
     ``resolve(data, split)`` resolves a path. ``count(source)`` gives the samples per epoch when
     that is not ``source.num_samples`` (video: clips). ``policies`` are the last-batch policies
-    the framework's wrapper supports. ``what`` names the task in the log line.
+    the framework's wrapper supports. ``what`` names the task in the log line. ``pipelines``: DALI
+    pipelines per shard, each reading its own part with ``batch_size / pipelines`` per step.
     """
     check_backend(backend, backends)
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if pipelines < 1 or batch_size % pipelines:
+        raise UsageError(f"pipelines={pipelines} (--pipelines) must be positive and divide the batch size "
+                         f"{batch_size} (--batch-size): each pipeline gives batch_size / pipelines samples per step")
     dist = dist or DistInfo()
     split = "train" if train else "val"
     source = data if source_type is not None and isinstance(data, source_type) else resolve(data, split)
@@ -124,9 +131,9 @@ def prepare_split(
     if dist.is_main:
         where = getattr(source, "annotations_file", None) or f"{getattr(source, 'format', 'data')} at {source.root}"
         log_epoch_plan(f"{what + ' ' if what else ''}{split} ({backend}, {where})", num_samples,
-                       batch_size=batch_size, num_shards=dist.world_size, policy=policy)
+                       batch_size=batch_size, num_shards=dist.world_size, policy=policy, pipelines=pipelines)
     return SplitPlan(source=source, split=split, train=train, backend=backend, batch_size=batch_size, dist=dist,
-                     policy=policy, num_samples=num_samples)
+                     policy=policy, num_samples=num_samples, pipelines=pipelines)
 
 
 def encode_dali_checkpoint(checkpoint: bytes | str) -> str:

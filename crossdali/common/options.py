@@ -8,11 +8,12 @@ is written once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from crossdali.common.distributed import DistInfo
 
-__all__ = ["DALI_BACKENDS", "CLASSIFICATION_BACKENDS", "PipelineOptions", "check_backend", "pipeline_options"]
+__all__ = ["DALI_BACKENDS", "CLASSIFICATION_BACKENDS", "PipelineOptions", "check_backend", "pipeline_options",
+           "sub_shard_options"]
 
 #: The backends that run a crossdali DALI pipeline (the others are each framework's own loader).
 DALI_BACKENDS = ("dali-gpu", "dali-cpu")
@@ -108,3 +109,25 @@ def pipeline_options(backend: str, *, batch_size: int, dist: DistInfo | None = N
         device_id=(device_id if device_id is not None else dist.local_rank) if gpu else None,
         num_threads=max(1, workers), seed=seed, shard_id=dist.rank, num_shards=dist.world_size,
         hw_decoder_load=hw_decoder_load, checkpointing=checkpointing, checkpoint=checkpoint)
+
+
+def sub_shard_options(options: PipelineOptions, pipelines: int) -> list[PipelineOptions]:
+    """Options for ``pipelines`` pipelines that together read ``options``' shard, each its own part.
+
+    Pipeline ``i`` of shard ``s`` (of ``n``) reads shard ``s * pipelines + i`` of ``n * pipelines``
+    with ``batch_size / pipelines`` samples per step, so one step of all of them is one batch of
+    ``batch_size`` and an epoch still reads every sample once. Several pipelines keep more hardware
+    decoders busy than one (video: ``crossdali.common.video``); every pipeline has its own shard id,
+    hence its own augmentation seed. ``pipelines=1`` returns ``[options]`` unchanged.
+    """
+    if pipelines < 1:
+        raise ValueError(f"pipelines must be positive, got {pipelines}")
+    if pipelines == 1:
+        return [options]
+    if options.batch_size % pipelines:
+        raise ValueError(f"batch size {options.batch_size} does not split into {pipelines} pipelines: pick a "
+                         f"batch size divisible by {pipelines}, or another number of pipelines")
+    if options.checkpoint is not None:
+        raise ValueError("a single DALI checkpoint cannot restore several pipelines: restore each pipeline's own")
+    return [replace(options, batch_size=options.batch_size // pipelines, shard_id=options.shard_id * pipelines + i,
+                    num_shards=options.num_shards * pipelines) for i in range(pipelines)]

@@ -164,6 +164,10 @@ def video_classification(add_help: bool = True) -> argparse.ArgumentParser:
     clips.add_argument("--clip-step", type=positive_int, default=None,
                        help="frames between clip starts (default clip-len * frame-stride)")
     clips.add_argument("--hflip", type=float, default=0.5, help="mirror probability (0 if labels are left/right)")
+    clips.add_argument("--pipelines", type=positive_int, default=1,
+                       help="DALI pipelines per process, each decoding its own part of the shard (batch-size / "
+                            "pipelines clips each per step; the batch size must divide by it). Several keep the "
+                            "GPU's video decoder busier than one; keep 1 on the CPU")
     add_model_args(parser, arch="small3d", arches=LazyChoices(_attribute("crossdali.video.models", "ARCHS"),
                                                               "crossdali.video.models.ARCHS"),
                    arch_help="video model")

@@ -18,10 +18,13 @@ Speed on the GPU (``benchmarks/video_decode.py``, H100, 1080p H.264, 2026-11-26)
 gives 511 frames/s and several readers or pipelines in one process stop at 1,400-1,600 with NVDEC at
 most a third busy. The legacy reader with 7-14 instances in one pipeline reaches 3,481-4,535 when
 every clip starts on a key frame (NVDEC 84-98 % busy), ahead of NVIDIA's PyNvVideoCodec on the same
-files; one legacy instance is slower (322-607). So the fast setting is several legacy readers per
-pipeline, each on a slice of the shard, merged into one batch. Not done here yet: the merge has to
-keep every clip exactly once per epoch and mid-epoch resume, and the legacy reader's checkpointing
-and error reporting are not verified on the GPU; until then this module keeps one reader per shard.
+files; one legacy instance is slower (322-607). So the fast setting is several readers per
+process, each on a slice of the shard, merged into one batch. The loaders do that merge with
+``pipelines=`` (``crossdali.common.options.sub_shard_options``: one pipeline per slice, every clip
+once per epoch, one DALI checkpoint per pipeline), with this reader: 7 pipelines of one reader each
+gave 1,323-1,429 frames/s in the benchmark. The default stays one pipeline until the loader itself
+is measured on the GPU, and the legacy reader is not used: its checkpointing and error reporting
+are not verified on the GPU.
 
 optical flow pipeline: ``fn.optical_flow`` (the GPU's optical-flow engine, Turing or newer) on
 consecutive frames from the same reader. It has no CPU backend; on a machine without such a GPU

@@ -104,13 +104,16 @@ class DALILoader(DALIIteratorLoader):
 
     def _new_iterator(self, pipeline) -> DALIJaxIterator:
         return DALIJaxIterator([pipeline], list(self.names), reader_name=self.reader_name,
-                               last_batch_policy=self.policy, auto_reset=True)
+                               last_batch_policy=self._iterator_policy, auto_reset=True)
 
     def _outputs(self, raw) -> dict:
         return raw
 
     def _flat(self, array: jax.Array) -> jax.Array:
         return array.reshape(-1)
+
+    def _concat(self, arrays: list[jax.Array]) -> jax.Array:
+        return jax.numpy.concatenate(arrays)
 
 
 class SyntheticLoader:

@@ -52,12 +52,15 @@ def create_video_loader(
     with_frame_num: bool = False,
     validate: bool = True,
     checkpointing: bool = True,
+    pipelines: int = 1,
 ) -> DALILoader:
     """An iterable of ``(clips, labels)`` for the train or val split of ``data``.
 
     Same arguments as ``crossdali.pytorch.create_video_loader``; only the ``layout`` default
     differs (``"NFHWC"``, channels last as flax wants). ``validate`` probes every file with PyAV
     first (codec, constant frame rate, length) so a bad file fails with its name and the fix.
+    ``pipelines`` splits this rank's shard over several DALI pipelines merged into one batch (as
+    in the PyTorch loader, whose docstring says when it helps).
     The result implements ``crossdali.common.loaders.Loader``.
     """
     _no_native(backend)
@@ -75,7 +78,7 @@ def create_video_loader(
     require_gpu(backend, "use dali-cpu (VP8/VP9 input only)")
     plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
                          resolve=resolve_video_source, batch_size=batch_size, dist=dist, last_batch=last_batch,
-                         count=count, what="video")
+                         count=count, what="video", pipelines=pipelines)
     source = plan.source
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)
     names = ("clips", "labels") + (("frame_num",) if with_frame_num else ())

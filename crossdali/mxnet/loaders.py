@@ -140,8 +140,11 @@ class DALIClassificationIter(_EpochIter, _DaliBaseIterator):
         pipe = create_classification_pipeline(self.source, train=self.plan.train, options=options,
                                               transform=self._transform)
         self._pipes = []  # drop the previous pipeline (a restore) before the new one starts its threads
+        # DROP is counted in next(), over DALI's PARTIAL: DALI's own DROP leaves a padded batch in the
+        # pipeline for the next epoch (crossdali.common.dali_loader.DALIIteratorLoader._iterator_policy)
+        dali_policy = LastBatchPolicy.PARTIAL if self.policy == LastBatchPolicy.DROP else self.policy
         _DaliBaseIterator.__init__(self, [pipe], reader_name=READER_NAME, auto_reset=False,
-                                   last_batch_policy=self.policy, prepare_first_batch=False)
+                                   last_batch_policy=dali_policy, prepare_first_batch=False)
         self._copy = not pipe.exec_dynamic
 
     @property
@@ -193,8 +196,10 @@ class DALIClassificationIter(_EpochIter, _DaliBaseIterator):
 
     def next(self) -> mx.io.DataBatch:
         while True:
+            # DROP: after len(self) full batches, the rest of the epoch is read and not handed out
+            keep = self.policy != LastBatchPolicy.DROP or self._batches < self._len
             try:
-                batch = self._step(keep=True)
+                batch = self._step(keep=keep)
             except StopIteration:
                 self._end_epoch()
                 raise

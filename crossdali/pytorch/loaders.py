@@ -52,13 +52,16 @@ class DALILoader(DALIIteratorLoader):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator  # defer: DALI's torch plugin
 
         return DALIGenericIterator([pipeline], list(self.names), reader_name=self.reader_name,
-                                   last_batch_policy=self.policy, auto_reset=True)
+                                   last_batch_policy=self._iterator_policy, auto_reset=True)
 
     def _outputs(self, raw) -> dict:
         return raw[0]  # one pipeline
 
     def _flat(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(-1)
+
+    def _concat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(tensors)
 
 
 class ShardSampler(torch.utils.data.Sampler):

@@ -45,7 +45,6 @@ from crossdali.video.models import create_video_model
 log = logging.getLogger("crossdali.video.train")
 
 
-
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
     ``crossdali train video --help`` answers before PyTorch loads."""
@@ -97,7 +96,8 @@ def load_data(args, runtime: Runtime, backend: str):
                 _synthetic_loader(val_src.num_samples, num_classes, args, runtime, train=False), num_classes, names)
     common = {"backend": backend, "batch_size": args.batch_size, "sequence_length": args.clip_len,
               "stride": args.frame_stride, "step": args.clip_step, "crop_size": args.crop_size,
-              "workers": args.workers, "seed": args.seed, "dist": runtime.dist, "device_id": runtime.dist.local_rank}
+              "workers": args.workers, "seed": args.seed, "dist": runtime.dist, "device_id": runtime.dist.local_rank,
+              "pipelines": args.pipelines}
     train_loader = create_video_loader(train_src, train=True, hflip=args.hflip, checkpointing=True, **common)
     val_loader = create_video_loader(val_src, train=False, **common)
     return train_loader, val_loader, num_classes, names
@@ -119,7 +119,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     r = start_run(args, runtime, model, train_loader, task="video", metric="val_top1", ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=None, warmup_start_factor=0.04,
-                  start={"clip_len": args.clip_len, "frame_stride": args.frame_stride})
+                  start={"clip_len": args.clip_len, "frame_stride": args.frame_stride, "pipelines": args.pipelines})
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes)
         log.info("test: val loss %.4f top1 %.2f over %d clips", stats["val_loss"], stats["val_top1"],

@@ -79,6 +79,8 @@ def test_video_benchmark_smoke(tmp_path, data_root):
     assert {"dali-cpu", "cpu"} <= kinds, kinds
     assert all("error" not in r and r["fps"] > 0 for r in report["results"]), report["results"]
     assert report["target_met"] is None  # the smoke run decodes no 1080p, so it claims nothing
+    loader = {r["pipelines"]: r for r in report["results"] if r["name"].startswith("crossdali loader")}
+    assert sorted(loader) == [1, 2] and all(r["frames"] % 16 == 0 for r in loader.values()), loader  # whole clips
     dali = [r for r in report["results"] if r["kind"] == "dali-cpu"]
     # DALI's rows say how many CPU cores they kept busy (the 2 cores here: more than 0, at most 2 and change)
     assert all(0 < r["cpu_cores_busy"] <= (os.cpu_count() or 1) + 0.5 for r in dali), dali

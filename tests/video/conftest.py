@@ -23,3 +23,24 @@ def gpu_video(data_root) -> Path:
     from crossdali.common.sample_data import BUILDERS
 
     return BUILDERS["video"](data_root, "gpu-tiny")
+
+
+@pytest.fixture(scope="session")
+def indexed_val_clips(tiny_video):
+    """19 val files (an odd clip count: 8-frame clips, stride 2, step 8) labelled by their index, and
+    ``{(file index, first frame): clip id}``, so a loader's (label, frame_num) names each clip."""
+    pytest.importorskip("torch")
+    from crossdali.common.sources import DataSource
+    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+
+    val = resolve_video_source(tiny_video, "val")
+    files = val.files[:-1]
+    src = DataSource(format="filelist", root=val.root, files=files, labels=tuple(range(len(files))),
+                     num_samples=len(files))
+    t = ClipTransform(sequence_length=8, stride=2, step=8)
+    ids = {}
+    for i, info in enumerate(check_videos(files, device="cpu")):
+        for s in range(0, info.num_frames - t.frames_needed + 1, t.clip_step):
+            ids[(i, s)] = len(ids)
+    assert len(ids) % 2 == 1
+    return src, ids

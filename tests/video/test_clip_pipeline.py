@@ -88,24 +88,12 @@ def test_labels_match_the_file_list(tiny_video):
     assert Counter(got) == Counter(expected) and got != expected  # shuffled, nothing lost or repeated
 
 
-def test_val_exactly_once_over_two_shards(tiny_video, assert_epoch_coverage):
+def test_val_exactly_once_over_two_shards(indexed_val_clips, assert_epoch_coverage):
     """Each (file, first frame) clip is seen once across 2 ranks, padding dropped (odd clip count)."""
-    _pytorch()
     from crossdali.common.distributed import DistInfo
-    from crossdali.common.sources import DataSource
-    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
     from crossdali.pytorch.video import create_video_loader
 
-    val = resolve_video_source(tiny_video, "val")
-    files = val.files[:-1]  # 19 files: an odd number of clips
-    src = DataSource(format="filelist", root=val.root, files=files, labels=tuple(range(len(files))),
-                     num_samples=len(files))
-    t = ClipTransform(sequence_length=8, stride=2, step=8)
-    ids = {}
-    for i, info in enumerate(check_videos(files, device="cpu")):
-        for s in range(0, info.num_frames - t.frames_needed + 1, t.clip_step):
-            ids[(i, s)] = len(ids)
-    assert len(ids) % 2 == 1
+    src, ids = indexed_val_clips
     seen = []
     for rank in range(2):
         loader = create_video_loader(src, train=False, batch_size=4, sequence_length=8, stride=2, step=8,

@@ -35,6 +35,36 @@ def test_gpu_clips_vp9_and_h264(gpu_video, codec_dir):
 
 
 @pytest.mark.gpu
+def test_gpu_pipelines_read_every_clip_once_and_resume(gpu_video):
+    """pipelines=4 on NVDEC (H.264): val has every (file, first frame) once, train resumes mid-epoch
+    with the very clips of the uninterrupted epoch (one DALI checkpoint per pipeline)."""
+    _require_gpu()
+    pytest.importorskip("torch")
+    from collections import Counter
+
+    from crossdali.pytorch.video import create_video_loader
+
+    kw = dict(backend="dali-gpu", batch_size=8, sequence_length=8, stride=2, crop_size=48, device_id=0,
+              with_frame_num=True, pipelines=4)
+    val = create_video_loader(gpu_video / "h264", train=False, **kw)
+    seen = Counter((int(lbl), int(f), float(c.sum())) for clips, labels, frames in val
+                   for c, lbl, f in zip(clips, labels, frames, strict=True))
+    assert sum(seen.values()) == val.num_samples and max(seen.values()) == 1
+
+    whole = [clips.cpu() for clips, _, _ in create_video_loader(gpu_video / "h264", train=True, **kw)]
+    first = create_video_loader(gpu_video / "h264", train=True, **kw)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    resumed = create_video_loader(gpu_video / "h264", train=True, **kw)
+    resumed.load_state_dict(state)
+    rest = [clips.cpu() for clips, _, _ in resumed]
+    assert len(rest) == len(whole) - 1
+    for a, b in zip(whole[1:], rest, strict=True):
+        assert (a == b).all()
+
+
+@pytest.mark.gpu
 def test_gpu_matches_cpu_frames(gpu_video):
     """NVDEC and FFmpeg decode the same VP9 frames to within a few grey levels."""
     _require_gpu()
