@@ -146,6 +146,14 @@ class DALIIteratorLoader:
         if not self._options.checkpointing:
             raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
                              "checkpointing: pass checkpointing=True to the loader factory")
+        if "batches" not in state and self._iterator_policy != self.policy:
+            # saved before DROP was counted here: its DALI checkpoint carries DALI's DROP epoch size,
+            # which would keep repeating samples in every later epoch (see _iterator_policy)
+            log.warning("loader state from a crossdali older than its DROP fix: its DALI checkpoint would repeat "
+                        "samples in every later epoch, so epoch %d starts again from its first batch, in a fresh "
+                        "run's order", self.epoch)
+            self._batches = 0
+            return
         saved = state["dali"] if isinstance(state["dali"], list) else [state["dali"]]
         if len(saved) != len(self._iters):
             raise UsageError(f"this loader state holds the checkpoints of {len(saved)} DALI pipeline(s) per shard, "

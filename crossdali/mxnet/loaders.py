@@ -241,7 +241,16 @@ class DALIClassificationIter(_EpochIter, _DaliBaseIterator):
         if not self._options.checkpointing:
             raise ValueError("this loader state holds a DALI checkpoint, but the loader was built without "
                              "checkpointing: pass checkpointing=True to create_classification_loader")
+        fresh_size = self._size  # what DALI's PARTIAL epoch is for this shard
         self._start(replace(self._options, checkpoint=decode_dali_checkpoint(state["dali"])))
+        if self.policy == LastBatchPolicy.DROP and self._size != fresh_size:
+            # saved before DROP was counted in next(): the checkpoint carries DALI's DROP epoch size,
+            # which would keep repeating samples in every later epoch
+            log.warning("loader state from a crossdali older than its DROP fix: its DALI checkpoint would repeat "
+                        "samples in every later epoch, so epoch %d starts again from its first batch, in a fresh "
+                        "run's order", int(state["epoch"]))
+            self._start(replace(self._options, checkpoint=None))
+            state = {**state, "batches": 0, "ended": False}
         self._load_counters(state)
 
 

@@ -79,3 +79,39 @@ def test_drop_leaves_samples_out_but_never_repeats_one(framework, indexed_train_
         seen = shards[0][epoch] + shards[1][epoch]
         assert [len(shard[epoch]) for shard in shards] == [20, 20], epoch
         assert len(set(seen)) == 40 and set(seen) <= set(range(n)), (epoch, sorted(seen))
+
+
+def test_drop_state_from_before_the_fix_is_not_restored(indexed_train_source, caplog, monkeypatch):
+    """A DROP state saved before the fix (no ``batches``; DALI's iterator ran DROP, so its checkpoint
+    carries DROP's epoch size): restored, it would repeat samples in every later epoch, so the epoch
+    restarts instead, with a warning. The old loader is this one with DALI's own DROP put back."""
+    pytest.importorskip("torch")
+    import crossdali.pytorch as module
+    from crossdali.common.dali_loader import DALIIteratorLoader
+    from crossdali.common.sources import DataSource
+
+    n = 41
+    src = DataSource(format="filelist", root=indexed_train_source.root, files=indexed_train_source.files[:n],
+                     labels=tuple(range(n)), num_samples=n)
+    kw = dict(train=True, backend="dali-cpu", batch_size=4, crop_size=32, workers=1, last_batch="drop")
+
+    def loaders():
+        return [module.create_classification_loader(src, dist=DistInfo(rank=r, world_size=2), **kw) for r in (0, 1)]
+
+    with monkeypatch.context() as m:
+        m.setattr(DALIIteratorLoader, "_iterator_policy", property(lambda self: self.policy))
+        states = []
+        for loader in loaders():
+            it = iter(loader)
+            next(it), next(it)
+            state = loader.state_dict()
+            del state["batches"]  # the old format
+            states.append(state)
+    resumed = loaders()
+    with caplog.at_level("WARNING"):
+        for loader, state in zip(resumed, states, strict=True):
+            loader.load_state_dict(state)
+    for _ in range(3):
+        seen = [int(x) for loader in resumed for _, labels in loader for x in np.asarray(labels).ravel()]
+        assert len(seen) == len(set(seen)) == 40
+    assert "older than its DROP fix" in caplog.text

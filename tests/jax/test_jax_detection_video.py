@@ -79,3 +79,20 @@ def test_video_val_in_order_and_exactly_once_over_two_shards(tiny_video):
                                      workers=2, dist=DistInfo(rank=rank, world_size=2))
         shards.append([int(x) for _, labels in loader for x in labels.tolist()])
     assert Counter(shards[0] + shards[1]) == Counter(expected) and shards[0] + shards[1] == expected
+
+
+def test_video_pipelines_merge_into_one_batch_with_every_clip_once(tiny_video):
+    """pipelines=2 through DALI's JAX iterator: batches of 3 + 3 clips concatenated on the device, every
+    val clip once, len() the batch count, and one DALI checkpoint per pipeline in the state."""
+    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+
+    src = resolve_video_source(tiny_video, "val")
+    t = ClipTransform(sequence_length=4, stride=2)
+    per_file = [(i.num_frames - t.frames_needed) // t.clip_step + 1 for i in check_videos(src.files, device="cpu")]
+    expected = [lbl for lbl, n in zip(src.labels, per_file, strict=True) for _ in range(n)]
+    loader = create_video_loader(src, train=False, batch_size=6, sequence_length=4, stride=2, crop_size=32,
+                                 workers=1, pipelines=2)
+    batches = [(clips.shape, [int(x) for x in labels.tolist()]) for clips, labels in loader]
+    assert len(batches) == len(loader) and batches[0][0] == (6, 4, 32, 32, 3)
+    assert Counter(lbl for _, labels in batches for lbl in labels) == Counter(expected)
+    assert len(loader.state_dict()["dali"]) == 2
