@@ -20,7 +20,8 @@ Configurations: torchvision ImageFolder + PIL, torchvision decode_image + v2 (cr
 import) three ways: FFmpeg decode in threads + the v2 preset there, FFmpeg decode with the crop,
 resize and flip done by FFmpeg's filter graph (SPDL's documented augmentation) + v2 normalize on
 the device, and SPDL's nvJPEG GPU decode + v2 on the GPU (CUDA only); DALI all-CPU, and DALI mixed
-with the hardware JPEG decoder share 0 / 0.5 / 0.75 / 1.0 and 2 / 4 / 8 / 15 CPU threads.
+with the hardware JPEG decoder share 0 / 0.5 / 0.75 / 1.0 and 2 / 4 / 8 / 15 CPU threads; DALI CPU
+and GPU with the shard split over 2 and 3 pipelines (``pipelines=``, the same threads in all).
 
 Engine load: every loader and train row carries ``engine_load``, the mean (and max) percent of the
 GPU's SMs, NVDEC, NVJPG, ... from ``nvidia-smi dmon`` over the row's timed epochs (train rows: over
@@ -59,6 +60,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=15, help="threads / workers for the main comparison")
     parser.add_argument("--threads", default="2,4,8,15", help="thread counts for the dali-gpu sweep")
     parser.add_argument("--hw-loads", default="0,0.5,0.75,1.0", help="hw_decoder_load values for the sweep")
+    parser.add_argument("--pipelines", default="2,3",
+                        help="DALI pipelines per process (pipelines=), each with --workers / N threads: the "
+                             "dali-cpu and dali-gpu (hardware share 1) rows that split the shard")
     parser.add_argument("--skip-train", action="store_true", help="only the bare loader measurement")
     parser.add_argument("--skip-loader", action="store_true", help="only the training measurement")
     parser.add_argument("--min-seconds", type=float, default=5.0,
@@ -360,6 +364,7 @@ def main(args: argparse.Namespace) -> dict:
         # only checks that the script runs: a tiny model at 64 px in float32, since a 2-core CPU without
         # bfloat16 instructions trains ResNet-50 at 224 px under autocast at well under 1 image/s
         args.size, args.batch_size, args.workers, args.threads, args.hw_loads, args.train_steps = "tiny", 32, 2, "", "", 2
+        args.pipelines = "2"
         args.min_seconds, args.train_warmup = 0.0, 1
         args.train_threads, args.arch, args.crop_size, args.train_sync = "", "resnet18", 64, "none"
     elif not torch.cuda.is_available():
@@ -397,6 +402,11 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         if threads != workers:
             configs.append((f"DALI GPU hw_decoder_load=1 {threads} threads",
                             dict(backend="dali-gpu", workers=threads, hw_decoder_load=1.0)))
+    for k in (int(x) for x in args.pipelines.split(",") if x):  # the same threads in all, split over k pipelines
+        split = dict(workers=max(1, workers // k), pipelines=k)
+        configs.append((f"DALI CPU, {k} pipelines", dict(backend="dali-cpu", **split)))
+        if device.type == "cuda":
+            configs.append((f"DALI GPU hw_decoder_load=1, {k} pipelines", dict(backend="dali-gpu", **split)))
 
     results, train = [], []
     report = {
@@ -416,7 +426,7 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
     for name, cfg in [] if args.skip_loader else configs:
         kind = cfg.pop("kind", None)
         row = {"name": name, "backend": kind or cfg["backend"], "threads": cfg["workers"],
-               "hw_decoder_load": cfg.get("hw_decoder_load")}
+               "hw_decoder_load": cfg.get("hw_decoder_load"), "pipelines": cfg.get("pipelines", 1)}
         if kind in SPDL_ROWS.values() and (spdl_missing or (kind == "spdl-nvjpeg" and device.type != "cuda")):
             row["skipped"] = spdl_missing or "no CUDA device here: nvJPEG decodes on the GPU"
             print(f"{name:52s} skipped: {row['skipped'][:120]}", flush=True)

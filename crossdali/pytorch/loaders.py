@@ -193,6 +193,7 @@ def create_classification_loader(
     hw_decoder_load: float = 1.0,
     last_batch: str | None = None,
     checkpointing: bool = True,
+    pipelines: int = 1,
 ):
     """An iterable of ``(images, labels)`` for the train or val split of ``data``.
 
@@ -201,12 +202,17 @@ def create_classification_loader(
     ``workers`` is DALI's thread count or the DataLoader's worker count. ``dist`` shards by the
     global rank (default: one process). ``device_id`` is the GPU for ``dali-gpu`` (default: the
     local rank). ``last_batch`` overrides the epoch rule ('partial' | 'drop'). ``checkpointing``
-    lets ``state_dict()`` save DALI's position inside an epoch (mid-epoch resume).
+    lets ``state_dict()`` save DALI's position inside an epoch (mid-epoch resume). ``pipelines``
+    (DALI backends): this rank's shard split over that many pipelines merged into each batch, as in
+    ``crossdali.pytorch.create_video_loader``; an experiment for the hardware JPEG decoder's share of
+    the work, measured only by ``benchmarks/classification_loaders.py`` so far.
     The result implements ``crossdali.common.loaders.Loader``.
     """
+    if pipelines != 1 and backend not in ("dali-gpu", "dali-cpu"):
+        raise ValueError(f"pipelines={pipelines} splits DALI pipelines; the {backend!r} backend has none")
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
-                         batch_size=batch_size, dist=dist, last_batch=last_batch)
+                         batch_size=batch_size, dist=dist, last_batch=last_batch, pipelines=pipelines)
     source, dist = plan.source, plan.dist
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype)
 

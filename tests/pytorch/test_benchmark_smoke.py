@@ -37,7 +37,8 @@ def test_classification_benchmark_smoke(tmp_path, data_root):
     report = _run("benchmarks.classification_loaders", tmp_path, data_root)
     loader = {r["name"]: r for r in report["loader"]}
     assert set(loader) == {"torchvision PIL ImageFolder", "torchvision decode_image + v2 (native)",
-                           "torchvision decode_jpeg on the CPU + v2", "DALI CPU", *SPDL_ROWS}
+                           "torchvision decode_jpeg on the CPU + v2", "DALI CPU", "DALI CPU, 2 pipelines", *SPDL_ROWS}
+    assert loader["DALI CPU, 2 pipelines"]["pipelines"] == 2 and loader["DALI CPU"]["pipelines"] == 1
     # SPDL is optional: where it does not import, its rows say why instead of timing anything
     skipped = {name for name, row in loader.items() if "skipped" in row}
     assert skipped <= set(SPDL_ROWS), skipped

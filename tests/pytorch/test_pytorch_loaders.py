@@ -69,6 +69,23 @@ def test_train_under_two_ranks_takes_equal_steps_and_stays_disjoint(indexed_val_
     assert not per_rank[0] & per_rank[1]
 
 
+@pytest.mark.parametrize(("pipelines", "shards"), [(2, 1), (3, 2)])
+def test_pipelines_split_the_shard_and_keep_every_sample_once(indexed_val_source, assert_epoch_coverage, pipelines,
+                                                              shards):
+    """pipelines=: each rank's shard read by several DALI pipelines, merged into every batch."""
+    seen = []
+    for rank in range(shards):
+        loader = create_classification_loader(indexed_val_source, train=False, backend="dali-cpu", batch_size=6,
+                                              crop_size=16, workers=1, dist=DistInfo(rank, shards, rank, "test"),
+                                              pipelines=pipelines)
+        batches = [lab.tolist() for _, lab in loader]
+        assert len(batches) == len(loader) and all(len(b) == 6 for b in batches[:-1])
+        seen.append([i for b in batches for i in b])
+    assert_epoch_coverage(seen, indexed_val_source.num_samples)
+    with pytest.raises(ValueError, match="the 'native' backend has none"):
+        create_classification_loader(indexed_val_source, train=False, backend="native", pipelines=2)
+
+
 def test_native_backend_rejects_record_formats(tiny_classification):
     with pytest.raises(DataError, match="native PyTorch backend reads image files"):
         create_classification_loader(tiny_classification / "tfrecord", train=False, backend="native")
