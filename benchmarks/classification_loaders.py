@@ -60,7 +60,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=15, help="threads / workers for the main comparison")
     parser.add_argument("--threads", default="2,4,8,15", help="thread counts for the dali-gpu sweep")
     parser.add_argument("--hw-loads", default="0,0.5,0.75,1.0", help="hw_decoder_load values for the sweep")
-    parser.add_argument("--pipelines", default="2,3",
+    parser.add_argument("--pipelines", default="2,4",
                         help="DALI pipelines per process (pipelines=), each with --workers / N threads: the "
                              "dali-cpu and dali-gpu (hardware share 1) rows that split the shard")
     parser.add_argument("--skip-train", action="store_true", help="only the bare loader measurement")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|video|videoprof|videoloader|videox264|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|video|videoprof|videoloader|legacyprobe|videox264|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|video|videoprof|videoloader|videox264|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|video|videoprof|videoloader|legacyprobe|videox264|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -61,13 +61,23 @@ case $phase in
     step nsys_video 150 nsys profile --stats=true --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
       --force-overwrite=true --output=/tmp/nsys_video "$py" -m benchmarks.video_decode --out "$out/nsys_rows" \
       --resolutions 1080p --only "DALI reader x7 (one" --no-peers --seconds 4 --work "$CROSSDALI_DATA/video-bench" ;;
-  videoloader)  # crossdali's loader with 1 and 7 pipelines per process (pipelines=) beside the raw reader
-    # rows it should match (one reader; 7 pipelines of one reader) and the legacy reader's, 1080p gop48; then
-    # the GPU video tests (the pipelines= path on NVDEC included)
-    best="crossdali loader,DALI reader x1 (,DALI pipelines x7,DALI legacy readers.video x7 (,DALI legacy readers.video, 7"
-    step video_decode_loader 200 "$py" -m benchmarks.video_decode --out "$out/loader" --resolutions 1080p \
-      --only "$best" --no-peers --work "$CROSSDALI_DATA/video-bench"
-    step video_gpu_tests 200 "$py" -m pytest tests/video -m gpu -rA -p no:cacheprovider -q ;;
+  videoloader)  # crossdali's loader (1, 4, 7 pipelines; train order, then val) beside the raw reader rows in
+    # training's order (clips shuffled: both readers) and the legacy reader in file order, 1080p gop48, each
+    # group in its own process (the 7-pipeline loader row of the experimental reader crashed once with SIGSEGV
+    # on 2026-11-26 and not in 2 reruns: faulthandler's Python stacks if it comes back); then the GPU video tests
+    export PYTHONFAULTHANDLER=1
+    vd=("$py" -m benchmarks.video_decode --resolutions 1080p --no-peers --work "$CROSSDALI_DATA/video-bench")
+    step video_loader 260 "${vd[@]}" --out "$out/loader" --only "crossdali loader (PyTorch)"
+    step video_reader_rows 150 "${vd[@]}" --out "$out/readers" \
+      --only "shuffled clips,DALI legacy readers.video x7 (one,DALI reader x7 (one"
+    step video_gpu_tests 150 "$py" -m pytest tests/video -m gpu -rA -p no:cacheprovider -q ;;
+  legacyprobe)  # what the legacy fn.readers.video does where the loaders depend on it (clip rule, output
+    # devices, checkpointing, shards, VP9 WebM), then the loader rows of one process in a row (the order
+    # that crashed with SIGSEGV on 2026-11-26, faulthandler on)
+    export PYTHONFAULTHANDLER=1
+    step legacy_reader_probe 120 "$py" -m benchmarks.legacy_reader_probe --out "$out/probe"
+    step video_loader_rows 200 "$py" -m benchmarks.video_decode --resolutions 1080p --no-peers \
+      --work "$CROSSDALI_DATA/video-bench" --out "$out/loader_rows" --only "crossdali loader (PyTorch)" ;;
   videox264)  # the x264-default encode (what cameras and the web produce: key frames up to 250 apart) at 1080p
     step video_decode_x264 330 "$py" -m benchmarks.video_decode --out "$out/x264_default" --encode x264-default \
       --resolutions 1080p --only "DALI reader x1 (,DALI reader x7,DALI reader x14 (,DALI legacy,PyNvVideoCodec" \

@@ -215,7 +215,8 @@ def _timed(step, *, seconds: float, warmup: int = 3) -> dict:
 
 
 def _reader_pipeline(files, *, device: str, instances: int, batch: int, seq: int, threads: int, seed: int = 0,
-                     shard_offset: int = 0, total_shards: int | None = None, legacy: bool = False):
+                     shard_offset: int = 0, total_shards: int | None = None, legacy: bool = False,
+                     shuffle: bool = False):
     from nvidia.dali import fn, pipeline_def, types
 
     total = total_shards or instances
@@ -226,7 +227,7 @@ def _reader_pipeline(files, *, device: str, instances: int, batch: int, seq: int
         outs = []
         for i in range(instances):
             shard = dict(filenames=files, sequence_length=seq, step=seq, shard_id=shard_offset + i, num_shards=total,
-                         random_shuffle=False, name=f"Reader{i}")
+                         random_shuffle=shuffle, name=f"Reader{i}")
             if legacy:  # fn.readers.video: NVDEC only, its own decode thread per reader, no CPU backend
                 outs.append(fn.readers.video(device="gpu", dtype=types.UINT8, **shard))
             else:
@@ -239,10 +240,13 @@ def _reader_pipeline(files, *, device: str, instances: int, batch: int, seq: int
 
 
 def bench_reader(files, *, device: str, instances: int, seconds: float, batch: int = 4, seq: int = 16,
-                 legacy: bool = False) -> dict:
+                 legacy: bool = False, shuffle: bool = False) -> dict:
+    """``shuffle``: clips in random order (DALI's ``random_shuffle``, as training reads them), so most
+    clips start with a seek to the key frame before them; otherwise each reader walks its files in order."""
     p = _reader_pipeline(files, device=device, instances=instances, batch=batch, seq=seq,
-                         threads=min(16, 2 + instances), legacy=legacy)
-    return _timed(lambda: (p.run(), instances * batch * seq)[1], seconds=seconds) | {"sequence_length": seq}
+                         threads=min(16, 2 + instances), legacy=legacy, shuffle=shuffle)
+    return _timed(lambda: (p.run(), instances * batch * seq)[1], seconds=seconds) | {"sequence_length": seq,
+                                                                                     "shuffled": shuffle}
 
 
 def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: int = 4, seq: int = 16,
@@ -271,9 +275,10 @@ def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: in
 
 
 def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: int = 28, seq: int = 16,
-                 crop: int = 112) -> dict:
-    """crossdali's PyTorch clip loader as training uses it (train split: random crop, flip,
-    normalize, float16 NCFHW on the GPU), ``pipelines`` DALI pipelines merged per batch."""
+                 crop: int = 112, train: bool = True) -> dict:
+    """crossdali's PyTorch clip loader as training uses it (train split: clips shuffled, random crop,
+    flip, normalize, float16 NCFHW on the GPU), ``pipelines`` DALI pipelines merged per batch;
+    ``train=False``: the val split (clips in file order, resize + center crop)."""
     import torch
 
     from crossdali.common.sources import DataSource
@@ -281,7 +286,7 @@ def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: i
 
     source = DataSource(format="filelist", root=Path(files[0]).parent, files=tuple(files),
                         labels=(0,) * len(files), num_samples=len(files))
-    loader = create_video_loader(source, train=True, backend="dali-gpu" if device == "gpu" else "dali-cpu",
+    loader = create_video_loader(source, train=train, backend="dali-gpu" if device == "gpu" else "dali-cpu",
                                  batch_size=batch, sequence_length=seq, step=seq, crop_size=crop, workers=2,
                                  device_id=0 if device == "gpu" else None, dtype="float16", pipelines=pipelines)
     batches = iter(())
@@ -297,7 +302,7 @@ def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: i
         return clips[0].shape[0] * seq
 
     return _timed(step, seconds=seconds) | {"sequence_length": seq, "batch": batch, "crop": crop,
-                                            "pipelines": pipelines}
+                                            "pipelines": pipelines, "shuffled": train}
 
 
 def bench_decoder(files, *, device: str, batch: int, frames_per_file: int, seconds: float) -> dict:
@@ -480,15 +485,23 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
     if full and not args.smoke:
         rows.append(("DALI reader x7, 48-frame clips", kind, bench_reader,
                      dict(files=files, device=device, instances=7, seconds=seconds, seq=48)))
+    # training reads clips in random order: each clip then starts with a seek (decode from the key
+    # frame before it), which the in-order rows above never pay
+    for k in ([1, 7] if full and not args.smoke else [2] if args.smoke else []):
+        rows.append((f"DALI reader x{k}, shuffled clips", kind, bench_reader,
+                     dict(files=files, device=device, instances=k, seconds=seconds, shuffle=True)))
     for k in pipelines:
         rows.append((f"DALI pipelines x{k} (threads, one process)", kind, bench_pipelines,
                      dict(files=files, device=device, count=k, seconds=seconds)))
     # crossdali's loader itself (crop, flip, normalize included): one pipeline, and the shard split
     # over several (``pipelines=``, the loader-level shape of the "pipelines" rows above)
-    for k in ([1, 2] if args.smoke else [1, 7] if full else [7]):
+    small = {"batch": 4, "crop": 32} if args.smoke else {}
+    for k in ([1, 2] if args.smoke else [1, 4, 7] if full else [7]):
         rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}", kind, bench_loader,
-                     dict(files=files, device=device, pipelines=k, seconds=seconds,
-                          **({"batch": 4, "crop": 32} if args.smoke else {}))))
+                     dict(files=files, device=device, pipelines=k, seconds=seconds, **small)))
+    if full:  # the val split: clips in file order, so the difference to the row above is the shuffle
+        rows.append(("crossdali loader (PyTorch), 1 pipeline, val split (clips in order)", kind, bench_loader,
+                     dict(files=files, device=device, pipelines=1, seconds=seconds, train=False, **small)))
     if device == "gpu":
         for k in ([1, 4, 7, 14] if full else [7]):
             rows.append((f"DALI legacy readers.video x{k} (one pipeline)", kind, bench_reader,
@@ -501,6 +514,8 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
             # k pipelines of one legacy reader each, beside k readers in one pipeline above
             rows.append(("DALI legacy readers.video, 7 pipelines (threads)", kind, bench_pipelines,
                          dict(files=files, device=device, count=7, seconds=seconds, legacy=True)))
+            rows.append(("DALI legacy readers.video x7, shuffled clips", kind, bench_reader,
+                         dict(files=files, device=device, instances=7, seconds=seconds, legacy=True, shuffle=True)))
     if full:
         rows.append((f"DALI decoders.video batch 7 ({args.decoder_frames} fr/file)", kind, bench_decoder,
                      dict(files=files, device=device, batch=7, frames_per_file=min(args.decoder_frames, n_frames),
