@@ -1,30 +1,35 @@
 """Video clip and optical-flow pipelines, defined once for every framework (DALI functional API).
 
-clip pipeline: ``fn.experimental.readers.video`` (FFmpeg on the CPU, NVDEC on the GPU) cuts each
-file into clips of ``sequence_length`` frames, ``stride`` frames apart, a new clip every ``step``
-frames. train: one random-resized crop window and one coin-flip mirror per clip (the same for all
-of its frames), normalize. val: resize the shorter side, centre crop, normalize, every clip
+clip pipeline: DALI's video reader cuts each file into clips of ``sequence_length`` frames,
+``stride`` frames apart, a new clip every ``step`` frames. train: clips in random order, one
+random-resized crop window and one coin-flip mirror per clip (the same for all of its frames),
+normalize. val: clips in file order, resize the shorter side, centre crop, normalize, every clip
 exactly once across shards (padded last batch, dropped by the iterator). Output per sample:
 ``FHWC`` or ``CFHW`` float (batches ``NFHWC`` / ``NCFHW``) and an int64 label of shape ``(1,)``.
 
-Why this reader: measured with DALI 2.4, the legacy ``fn.readers.video`` has no CPU backend and
-rejects VP9 WebM as "variable frame rate"; ``fn.experimental.readers.video`` reads VP9 on the CPU
-and VP9 + H.264 on the GPU. On the CPU it decodes only VP8 / VP9 / MJPEG and reports any other
-codec as a misleading "number of input samples: 0", so the files are probed with PyAV first and
-an H.264 file on the CPU path fails with an error that names the codec and the re-encode command
-(no PyAV decode fallback: it would be a second, slower decoder to keep equal to DALI's).
+Which reader (``clip_reader``): on the GPU, when every file is H.264 or HEVC, the legacy
+``fn.readers.video`` (NVDEC); otherwise ``fn.experimental.readers.video`` (FFmpeg on the CPU,
+NVDEC on the GPU). Measured with DALI 2.4 on the H100 (``bash benchmarks/gpu_session.sh
+videoloader``, 1080p H.264, 2026-11-26, ``results/video/*_2026-11-26.json``): in training's order
+(clips shuffled) the experimental reader gave 102-138 frames/s with one instance and 177-202 with
+seven, NVDEC 3-7 % busy, even with a key frame at every clip start; the legacy reader with seven
+instances gave 1,831-1,839 (a key frame every 48 frames) and 3,411 (every 16), NVDEC 80-87 % busy.
+crossdali's PyTorch loader in training's order went from 107-127 (1 pipeline) and 151-181
+(7 pipelines) with the experimental reader to 306 and 1,759 with the legacy one (4: 1,082). In file
+order the experimental reader is faster (473-496 one, 1,449-1,524 seven) but still behind the
+legacy one (2,073-2,091 seven). The legacy reader checkpoints and resumes exactly, shards and pads
+like the other (``benchmarks/legacy_reader_probe.py``), and cuts a clip wherever its
+``(sequence_length - 1) * stride + 1`` frames remain (the experimental one needs
+``sequence_length * stride``; the clip counts follow the reader). It has no CPU backend and
+refuses VP9 WebM, so VP8/VP9/MJPEG/AV1/MPEG-4 files keep the experimental reader on both devices.
+On the CPU the experimental reader decodes only VP8 / VP9 / MJPEG and reports any other codec as a
+misleading "number of input samples: 0", so the files are probed with PyAV first and an H.264
+file on the CPU path fails with an error that names the codec and the re-encode command (no PyAV
+decode fallback: it would be a second, slower decoder to keep equal to DALI's).
 
-Speed on the GPU (``benchmarks/video_decode.py``, H100, 1080p H.264, 2026-11-26): one such reader
-gives 511 frames/s and several readers or pipelines in one process stop at 1,400-1,600 with NVDEC at
-most a third busy. The legacy reader with 7-14 instances in one pipeline reaches 3,481-4,535 when
-every clip starts on a key frame (NVDEC 84-98 % busy), ahead of NVIDIA's PyNvVideoCodec on the same
-files; one legacy instance is slower (322-607). So the fast setting is several readers per
-process, each on a slice of the shard, merged into one batch. The loaders do that merge with
-``pipelines=`` (``crossdali.common.options.sub_shard_options``: one pipeline per slice, every clip
-once per epoch, one DALI checkpoint per pipeline), with this reader: 7 pipelines of one reader each
-gave 1,323-1,429 frames/s in the benchmark. The default stays one pipeline until the loader itself
-is measured on the GPU, and the legacy reader is not used: its checkpointing and error reporting
-are not verified on the GPU.
+One reader leaves NVDEC mostly idle; several per process, each on a slice of the shard, keep it
+busy: the loaders' ``pipelines=`` (``crossdali.common.options.sub_shard_options``: one pipeline per
+slice, every clip once per epoch, one DALI checkpoint per pipeline).
 
 optical flow pipeline: ``fn.optical_flow`` (the GPU's optical-flow engine, Turing or newer) on
 consecutive frames from the same reader. It has no CPU backend; on a machine without such a GPU
@@ -48,13 +53,16 @@ __all__ = [
     "CPU_CODECS",
     "KINETICS_MEAN",
     "KINETICS_STD",
+    "LEGACY_READER_CODECS",
     "VIDEO_EXTENSIONS",
     "VIDEO_READER_NAME",
     "ClipTransform",
     "OpticalFlowUnavailable",
     "VideoInfo",
     "check_videos",
+    "clip_reader",
     "clips_per_epoch",
+    "count_clips",
     "create_clip_pipeline",
     "create_optical_flow_pipeline",
     "explain_video_failure",
@@ -75,6 +83,8 @@ KINETICS_STD = (0.22803 * 255, 0.22145 * 255, 0.216989 * 255)
 #: Codecs DALI 2.4 decodes on the CPU (FFmpeg names). The GPU adds h264, hevc, av1, mpeg4.
 CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
 GPU_CODECS = CPU_CODECS | {"h264", "hevc", "av1", "mpeg4"}
+#: Codecs the GPU reads with the legacy ``fn.readers.video`` when a whole dataset has them (see above).
+LEGACY_READER_CODECS = frozenset({"h264", "hevc"})
 #: NVDEC's smallest frame per codec where it is larger than the sample clips (measured on the H100,
 #: DALI 2.4: a 64x64 VP9 clip fails with "Video is too small ... supported:128x128"; 64x64 H.264 decodes).
 GPU_MIN_SIDE = {"vp9": 128}
@@ -147,6 +157,19 @@ class ClipTransform:
     @property
     def val_resize_size(self) -> int:
         return self.resize_size if self.resize_size is not None else round(self.crop_size * 128 / 112)
+
+
+def clip_reader(device: str, codecs) -> str:
+    """``"legacy"`` (``fn.readers.video``) on the GPU when every codec is in ``LEGACY_READER_CODECS``,
+    else ``"experimental"`` (``fn.experimental.readers.video``); one reader per dataset."""
+    codecs = set(codecs)
+    return "legacy" if device == "gpu" and codecs and codecs <= LEGACY_READER_CODECS else "experimental"
+
+
+def frames_needed(transform: ClipTransform, reader: str) -> int:
+    """Frames that must remain from a clip's first frame for ``reader`` to cut it (measured, DALI 2.4):
+    the legacy reader needs the clip's span, the experimental one ``sequence_length * stride``."""
+    return transform.span if reader == "legacy" else transform.frames_needed
 
 
 @dataclass(frozen=True)
@@ -222,7 +245,8 @@ def probe_video(path: str | Path) -> VideoInfo:
                      fps=fps, constant_frame_rate=cfr)
 
 
-def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | None) -> tuple[str, str] | None:
+def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | None,
+                  reader: str = "experimental") -> tuple[str, str] | None:
     """(code, message naming the file and the fix) for a probed file the reader would decode
     wrongly or skip silently, or None."""
     codecs = CPU_CODECS if device == "cpu" else GPU_CODECS
@@ -243,10 +267,11 @@ def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | No
         return "video-vfr", (f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so "
                              "its clips would cover uneven stretches of time. Re-encode it at a constant frame "
                              "rate: " + reencode_hint(info.path, fps=info.fps))
-    if transform is not None and info.num_frames < transform.frames_needed:
-        return "video-short", (f"{info.path} has {info.num_frames} frames but a clip needs {transform.frames_needed} "
-                               f"(sequence_length={transform.sequence_length} x stride={transform.stride}); it "
-                               "would yield no clip. Lower --clip-len/--frame-stride or remove the file.")
+    if transform is not None and info.num_frames < frames_needed(transform, reader):
+        return "video-short", (f"{info.path} has {info.num_frames} frames but a clip needs "
+                               f"{frames_needed(transform, reader)} (sequence_length={transform.sequence_length}, "
+                               f"stride={transform.stride}); it would yield no clip. Lower --clip-len/--frame-stride "
+                               "or remove the file.")
     return None
 
 
@@ -263,11 +288,12 @@ def video_problems(files: Sequence[str], *, device: str, transform: ClipTransfor
     with ThreadPoolExecutor(max(1, min(threads, len(files) or 1))) as pool:
         results = list(pool.map(_probe_or_problem, files))
     problems = []
+    reader = clip_reader(device, (r.codec for r in results if isinstance(r, VideoInfo)))
     for path, res in zip(files, results):
         if isinstance(res, DataError):
             problems.append((path, "not-a-video", str(res)))
             continue
-        found = _info_problem(res, device=device, transform=transform)
+        found = _info_problem(res, device=device, transform=transform, reader=reader)
         if found is not None:
             problems.append((path, *found))
     return problems
@@ -282,17 +308,43 @@ def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform 
         raise DataError("no video files given")
     with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
         infos = list(pool.map(probe_video, files))
+    reader = clip_reader(device, (i.codec for i in infos))
     for info in infos:
-        found = _info_problem(info, device=device, transform=transform)
+        found = _info_problem(info, device=device, transform=transform, reader=reader)
         if found is not None:
             raise DataError(found[1])
     return infos
 
 
-def clips_per_epoch(infos: Sequence[VideoInfo], transform: ClipTransform) -> int:
-    """Clips the reader cuts from these files: starts 0, step, 2*step, ... while ``frames_needed`` remain."""
-    return sum((i.num_frames - transform.frames_needed) // transform.clip_step + 1
-               for i in infos if i.num_frames >= transform.frames_needed)
+def clips_per_epoch(infos: Sequence[VideoInfo], transform: ClipTransform, *, reader: str = "experimental") -> int:
+    """Clips ``reader`` cuts from these files: starts 0, step, 2*step, ... while ``frames_needed`` remain."""
+    need = frames_needed(transform, reader)
+    return sum((i.num_frames - need) // transform.clip_step + 1 for i in infos if i.num_frames >= need)
+
+
+def _first_codec(path: str) -> str | None:
+    """The first video stream's codec from the container header (no demuxing), None without PyAV."""
+    try:
+        import av
+    except ImportError:
+        return None
+    try:
+        with av.open(path) as container:
+            return container.streams.video[0].codec_context.name if container.streams.video else None
+    except (av.error.FFmpegError, OSError):
+        return None  # the reader itself reports the file
+
+
+def count_clips(source: DataSource, *, device: str, transform: ClipTransform, validate: bool = True) -> tuple[int, str]:
+    """``(clips per epoch, reader)`` for a loader over ``source``'s files. ``validate`` probes every
+    file (``check_videos``); without it the first file's codec picks the reader and the count is
+    ``source.num_samples`` (a lower bound: the files are not read)."""
+    if not validate:
+        codec = _first_codec(source.files[0]) if source.files else None
+        return source.num_samples, clip_reader(device, [codec] if codec else [])
+    infos = check_videos(source.files, device=device, transform=transform)
+    reader = clip_reader(device, (i.codec for i in infos))
+    return clips_per_epoch(infos, transform, reader=reader), reader
 
 
 def resolve_video_source(data: str | Path, split: str, *, exclude=None) -> DataSource:
@@ -354,15 +406,23 @@ def _manifest_classes(folder: Path) -> list[str]:
 
 
 def _video_reader(files: Sequence[str], labels: Sequence[int], *, sequence_length: int, stride: int,
-                  step: int, shuffle: bool, opts: PipelineOptions, frame_num: bool = False):
+                  step: int, shuffle: bool, opts: PipelineOptions, frame_num: bool = False,
+                  reader: str = "experimental"):
     from nvidia.dali import fn  # defer: keeps `import crossdali.common` light
 
-    return fn.experimental.readers.video(
-        device="gpu" if opts.device == "gpu" else "cpu", filenames=list(files), labels=list(labels),
-        sequence_length=sequence_length, stride=stride, step=step,
-        random_shuffle=shuffle, initial_fill=opts.initial_fill, seed=opts.seed, shard_id=opts.shard_id,
-        num_shards=opts.num_shards, pad_last_batch=True, enable_frame_num=frame_num,
-        name=VIDEO_READER_NAME)
+    common = dict(filenames=list(files), labels=list(labels), sequence_length=sequence_length, stride=stride,
+                  step=step, random_shuffle=shuffle, initial_fill=opts.initial_fill, seed=opts.seed,
+                  shard_id=opts.shard_id, num_shards=opts.num_shards, pad_last_batch=True,
+                  enable_frame_num=frame_num, name=VIDEO_READER_NAME)
+    if reader == "legacy":
+        if opts.device != "gpu":
+            raise ValueError("the legacy video reader (fn.readers.video) runs on the GPU only")
+        # file_list_include_preceding_frame only matters for file lists with timestamps; set, it
+        # silences a warning the reader prints per instance
+        return fn.readers.video(device="gpu", file_list_include_preceding_frame=True, **common)
+    if reader != "experimental":
+        raise ValueError(f"reader must be 'legacy' or 'experimental', got {reader!r}")
+    return fn.experimental.readers.video(device="gpu" if opts.device == "gpu" else "cpu", **common)
 
 
 def create_clip_pipeline(
@@ -373,12 +433,14 @@ def create_clip_pipeline(
     transform: ClipTransform | None = None,
     with_frame_num: bool = False,
     validate: bool = True,
+    reader: str | None = None,
 ):
     """Build (but do not start) the train or val clip pipeline over ``source`` (a file list).
 
     Outputs ``(clips, labels)``, plus ``frame_num`` (int32 ``(1,)``: the clip's first frame) with
     ``with_frame_num``. ``validate`` probes every file first (see ``check_videos``); turn it off
-    only for datasets already checked.
+    only for datasets already checked. ``reader``: ``"legacy"`` or ``"experimental"``; ``None``
+    picks it as ``count_clips`` does (loaders pass the one they counted with).
     """
     from nvidia.dali import fn, pipeline_def, types  # defer
 
@@ -386,14 +448,16 @@ def create_clip_pipeline(
     opts = options
     if not source.files:
         raise DataError(f"{source.root}: the video pipeline reads file lists; got a {source.format} source")
-    if validate:
+    if reader is None:
+        _, reader = count_clips(source, device=opts.device, transform=t, validate=validate)
+    elif validate:
         check_videos(source.files, device=opts.device, transform=t)
     dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT
 
     @pipeline_def(**opts.pipeline_kwargs())
     def clip_pipeline():
         out = _video_reader(source.files, source.labels, sequence_length=t.sequence_length, stride=t.stride,
-                            step=t.clip_step, shuffle=train, opts=opts, frame_num=with_frame_num)
+                            step=t.clip_step, shuffle=train, opts=opts, frame_num=with_frame_num, reader=reader)
         clips, labels = out[0], out[1]
         if train:
             clips = fn.random_resized_crop(clips, size=(t.crop_size, t.crop_size),
@@ -409,7 +473,7 @@ def create_clip_pipeline(
                                          crop=(t.crop_size, t.crop_size), mean=list(t.mean), std=list(t.std),
                                          mirror=mirror)
         labels = fn.cast(labels, dtype=types.INT64)
-        outputs = [clips, labels.gpu() if opts.device == "gpu" else labels]
+        outputs = [clips, labels.gpu() if opts.device == "gpu" and labels.device == "cpu" else labels]
         if with_frame_num:
             frame_num = out[2]
             outputs.append(frame_num.gpu() if opts.device == "gpu" and frame_num.device == "cpu" else frame_num)

@@ -17,8 +17,7 @@ from crossdali.common.sources import DataSource
 from crossdali.common.video import (
     VIDEO_READER_NAME,
     ClipTransform,
-    check_videos,
-    clips_per_epoch,
+    count_clips,
     create_clip_pipeline,
     explain_video_failure,
     resolve_video_source,
@@ -70,10 +69,12 @@ def create_video_loader(
                               hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype)
     device = "gpu" if backend == "dali-gpu" else "cpu"
 
+    reader = []  # the DALI reader count() picked (crossdali.common.video.clip_reader), for the pipelines
+
     def count(source: DataSource) -> int:  # clips per epoch: probing the files also validates them
-        if not validate:
-            return source.num_samples  # unknown without probing: a lower bound for len()
-        return clips_per_epoch(check_videos(source.files, device=device, transform=transform), transform)
+        clips, picked = count_clips(source, device=device, transform=transform, validate=validate)
+        reader.append(picked)
+        return clips
 
     require_gpu(backend, "use dali-cpu (VP8/VP9 input only)")
     plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
@@ -84,6 +85,7 @@ def create_video_loader(
     names = ("clips", "labels") + (("frame_num",) if with_frame_num else ())
     return DALILoader(plan, options,
                       lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=transform,
-                                                        with_frame_num=with_frame_num, validate=False),
+                                                        with_frame_num=with_frame_num, validate=False,
+                                                        reader=reader[-1]),
                       names=names, reader_name=VIDEO_READER_NAME, flatten=("labels", "frame_num"),
                       explain=lambda e: explain_video_failure(source, e, device=device))

@@ -21,8 +21,7 @@ from crossdali.common.sources import DataSource
 from crossdali.common.video import (
     VIDEO_READER_NAME,
     ClipTransform,
-    check_videos,
-    clips_per_epoch,
+    count_clips,
     create_clip_pipeline,
     explain_video_failure,
     resolve_video_source,
@@ -77,10 +76,12 @@ def create_video_loader(
                       hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype)
     device = "gpu" if backend == "dali-gpu" else "cpu"
 
+    reader = []  # the DALI reader count() picked (crossdali.common.video.clip_reader), for the pipelines
+
     def count(source: DataSource) -> int:  # clips per epoch: probing the files also validates them
-        if not validate:
-            return source.num_samples  # files: the reader's clip count comes from the loader's twin pipeline
-        return clips_per_epoch(check_videos(source.files, device=device, transform=t), t)
+        clips, picked = count_clips(source, device=device, transform=t, validate=validate)
+        reader.append(picked)
+        return clips
 
     plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
                          resolve=resolve_video_source, batch_size=batch_size, dist=dist, last_batch=last_batch,
@@ -89,7 +90,8 @@ def create_video_loader(
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id)
     # the twin runs on the loader's device: the CPU cannot decode H.264
     return DALILoader(plan, options,
-                      lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=t, validate=False),
+                      lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=t, validate=False,
+                                                        reader=reader[-1]),
                       names=("clips", "labels"), reader_name=VIDEO_READER_NAME, twin_on_cpu=False,
                       output_shapes=(_clip_shape(t, batch_size), (batch_size, 1)),
                       output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
