@@ -164,10 +164,11 @@ def video_classification(add_help: bool = True) -> argparse.ArgumentParser:
     clips.add_argument("--clip-step", type=positive_int, default=None,
                        help="frames between clip starts (default clip-len * frame-stride)")
     clips.add_argument("--hflip", type=float, default=0.5, help="mirror probability (0 if labels are left/right)")
-    clips.add_argument("--pipelines", type=positive_int, default=1,
+    clips.add_argument("--pipelines", type=positive_int, default=None,
                        help="DALI pipelines per process, each decoding its own part of the shard (batch-size / "
-                            "pipelines clips each per step; the batch size must divide by it). Several keep the "
-                            "GPU's video decoder busier than one; keep 1 on the CPU")
+                            "pipelines clips each per step; the batch size must divide by it). Default: on "
+                            "dali-gpu the largest divisor of the batch size up to 7 (several keep the GPU's video "
+                            "decoders busy, one leaves them mostly idle), else 1")
     add_model_args(parser, arch="small3d", arches=LazyChoices(_attribute("crossdali.video.models", "ARCHS"),
                                                               "crossdali.video.models.ARCHS"),
                    arch_help="video model")

@@ -29,7 +29,9 @@ decode fallback: it would be a second, slower decoder to keep equal to DALI's).
 
 One reader leaves NVDEC mostly idle; several per process, each on a slice of the shard, keep it
 busy: the loaders' ``pipelines=`` (``crossdali.common.options.sub_shard_options``: one pipeline per
-slice, every clip once per epoch, one DALI checkpoint per pipeline).
+slice, every clip once per epoch, one DALI checkpoint per pipeline). Its default on the GPU
+(``default_video_pipelines``) is the largest divisor of the batch size up to 7, the H100's NVDEC
+count: 7 kept the engines 86 % busy (1,759 frames/s above), 4 gave 1,082 and 1 gave 306.
 
 optical flow pipeline: ``fn.optical_flow`` (the GPU's optical-flow engine, Turing or newer) on
 consecutive frames from the same reader. It has no CPU backend; on a machine without such a GPU
@@ -63,6 +65,7 @@ __all__ = [
     "clip_reader",
     "clips_per_epoch",
     "count_clips",
+    "default_video_pipelines",
     "create_clip_pipeline",
     "create_optical_flow_pipeline",
     "explain_video_failure",
@@ -85,6 +88,8 @@ CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
 GPU_CODECS = CPU_CODECS | {"h264", "hevc", "av1", "mpeg4"}
 #: Codecs the GPU reads with the legacy ``fn.readers.video`` when a whole dataset has them (see above).
 LEGACY_READER_CODECS = frozenset({"h264", "hevc"})
+#: Most DALI pipelines per process the loaders start on the GPU by default (the H100's 7 NVDEC engines).
+GPU_VIDEO_PIPELINES = 7
 #: NVDEC's smallest frame per codec where it is larger than the sample clips (measured on the H100,
 #: DALI 2.4: a 64x64 VP9 clip fails with "Video is too small ... supported:128x128"; 64x64 H.264 decodes).
 GPU_MIN_SIDE = {"vp9": 128}
@@ -164,6 +169,14 @@ def clip_reader(device: str, codecs) -> str:
     else ``"experimental"`` (``fn.experimental.readers.video``); one reader per dataset."""
     codecs = set(codecs)
     return "legacy" if device == "gpu" and codecs and codecs <= LEGACY_READER_CODECS else "experimental"
+
+
+def default_video_pipelines(device: str, batch_size: int) -> int:
+    """``pipelines=None`` of the video loaders: 1 on the CPU (more only split the same threads); on
+    the GPU the largest divisor of ``batch_size`` up to ``GPU_VIDEO_PIPELINES`` (see the module doc)."""
+    if device != "gpu":
+        return 1
+    return max(k for k in range(1, min(GPU_VIDEO_PIPELINES, max(1, batch_size)) + 1) if batch_size % k == 0)
 
 
 def frames_needed(transform: ClipTransform, reader: str) -> int:

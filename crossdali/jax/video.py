@@ -19,6 +19,7 @@ from crossdali.common.video import (
     ClipTransform,
     count_clips,
     create_clip_pipeline,
+    default_video_pipelines,
     explain_video_failure,
     resolve_video_source,
 )
@@ -51,7 +52,7 @@ def create_video_loader(
     with_frame_num: bool = False,
     validate: bool = True,
     checkpointing: bool = True,
-    pipelines: int = 1,
+    pipelines: int | None = None,
 ) -> DALILoader:
     """An iterable of ``(clips, labels)`` for the train or val split of ``data``.
 
@@ -68,6 +69,8 @@ def create_video_loader(
     transform = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
                               hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype)
     device = "gpu" if backend == "dali-gpu" else "cpu"
+    if pipelines is None:
+        pipelines = default_video_pipelines(device, batch_size)
 
     reader = []  # the DALI reader count() picked (crossdali.common.video.clip_reader), for the pipelines
 

@@ -119,7 +119,8 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     r = start_run(args, runtime, model, train_loader, task="video", metric="val_top1", ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=None, warmup_start_factor=0.04,
-                  start={"clip_len": args.clip_len, "frame_stride": args.frame_stride, "pipelines": args.pipelines})
+                  start={"clip_len": args.clip_len, "frame_stride": args.frame_stride,
+                         "pipelines": getattr(train_loader, "pipelines", 1)})
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes)
         log.info("test: val loss %.4f top1 %.2f over %d clips", stats["val_loss"], stats["val_top1"],

@@ -128,3 +128,11 @@ def test_the_reader_and_its_clip_count_follow_the_codecs(tiny_video):
     assert count_clips(h264, device="gpu", transform=t, validate=False) == (len(h264.files), "legacy")
     with pytest.raises(Exception, match="h264"):  # the CPU cannot decode H.264: the file and the fix are named
         count_clips(h264, device="cpu", transform=t)
+
+
+def test_default_pipelines_keep_the_gpu_decoders_busy():
+    """``pipelines=None``: 1 on the CPU; on the GPU the largest divisor of the batch up to 7."""
+    from crossdali.common.video import default_video_pipelines
+
+    assert [default_video_pipelines("gpu", b) for b in (1, 5, 8, 16, 28, 56, 64, 12)] == [1, 5, 4, 4, 7, 7, 4, 6]
+    assert default_video_pipelines("cpu", 28) == 1
