@@ -78,10 +78,11 @@ case $phase in
     step legacy_reader_probe 120 "$py" -m benchmarks.legacy_reader_probe --out "$out/probe"
     step video_loader_rows 200 "$py" -m benchmarks.video_decode --resolutions 1080p --no-peers \
       --work "$CROSSDALI_DATA/video-bench" --out "$out/loader_rows" --only "crossdali loader (PyTorch)" ;;
-  videox264)  # the x264-default encode (what cameras and the web produce: key frames up to 250 apart) at 1080p
-    step video_decode_x264 330 "$py" -m benchmarks.video_decode --out "$out/x264_default" --encode x264-default \
-      --resolutions 1080p --only "DALI reader x1 (,DALI reader x7,DALI reader x14 (,DALI legacy,PyNvVideoCodec" \
-      --work "$CROSSDALI_DATA/video-bench" ;;
+  videox264)  # the x264-default encode (what cameras and the web produce: key frames up to 250 apart, so one per
+    # 144-frame test file) at 1080p: the readers in file order and shuffled, crossdali's loader, PyNvVideoCodec
+    step video_decode_x264 540 "$py" -m benchmarks.video_decode --out "$out/x264_default" --encode x264-default \
+      --resolutions 1080p --work "$CROSSDALI_DATA/video-bench" \
+      --only "DALI reader x1 (,DALI reader x7 (,shuffled clips,DALI legacy readers.video x7 (,crossdali loader (PyTorch),PyNvVideoCodec SimpleDecoder x14" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
   tests)  # every GPU-marked test (TensorFlow's and MXNet's skip where those frameworks are absent)

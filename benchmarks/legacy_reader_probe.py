@@ -2,7 +2,7 @@
 
     python -m benchmarks.legacy_reader_probe --out OUT
 
-Issue 14: the legacy reader decodes shuffled 1080p clips 10-20x faster than
+Issue 14: the legacy reader decodes shuffled 1080p clips 4-19x faster than
 ``fn.experimental.readers.video`` (``benchmarks/video_decode.py``), so the loaders should use it on
 the GPU. Before they do, this records in OUT/legacy_reader_probe.json, on the ``gpu-tiny`` H.264 and
 VP9 sample set: which clips it cuts (stride 2: is the rule ``(F-1)*stride+1`` frames or

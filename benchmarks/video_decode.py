@@ -499,9 +499,11 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
     for k in ([1, 2] if args.smoke else [1, 4, 7] if full else [7]):
         rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}", kind, bench_loader,
                      dict(files=files, device=device, pipelines=k, seconds=seconds, **small)))
-    if full:  # the val split: clips in file order, so the difference to the row above is the shuffle
-        rows.append(("crossdali loader (PyTorch), 1 pipeline, val split (clips in order)", kind, bench_loader,
-                     dict(files=files, device=device, pipelines=1, seconds=seconds, train=False, **small)))
+    # the val split: clips in file order (and, for H.264 on the GPU, the experimental reader)
+    for k in ([1] if args.smoke else [1, 7] if full else []):
+        rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}, val split (clips in order)",
+                     kind, bench_loader, dict(files=files, device=device, pipelines=k, seconds=seconds, train=False,
+                                              **small)))
     if device == "gpu":
         for k in ([1, 4, 7, 14] if full else [7]):
             rows.append((f"DALI legacy readers.video x{k} (one pipeline)", kind, bench_reader,
