@@ -7,21 +7,28 @@ normalize. val: clips in file order, resize the shorter side, centre crop, norma
 exactly once across shards (padded last batch, dropped by the iterator). Output per sample:
 ``FHWC`` or ``CFHW`` float (batches ``NFHWC`` / ``NCFHW``) and an int64 label of shape ``(1,)``.
 
-Which reader (``clip_reader``): on the GPU, when every file is H.264 or HEVC, the legacy
-``fn.readers.video`` (NVDEC); otherwise ``fn.experimental.readers.video`` (FFmpeg on the CPU,
-NVDEC on the GPU). Measured with DALI 2.4 on the H100 (``bash benchmarks/gpu_session.sh
-videoloader``, 1080p H.264, 2026-11-26, ``results/video/*_2026-11-26.json``): in training's order
-(clips shuffled) the experimental reader gave 102-138 frames/s with one instance and 177-202 with
-seven, NVDEC 3-7 % busy, even with a key frame at every clip start; the legacy reader with seven
-instances gave 1,831-1,839 (a key frame every 48 frames) and 3,411 (every 16), NVDEC 80-87 % busy.
-crossdali's PyTorch loader in training's order went from 107-127 (1 pipeline) and 151-181
-(7 pipelines) with the experimental reader to 306 and 1,759 with the legacy one (4: 1,082). In file
-order the experimental reader is faster (473-496 one, 1,449-1,524 seven) but still behind the
-legacy one (2,073-2,091 seven). The legacy reader checkpoints and resumes exactly, shards and pads
-like the other (``benchmarks/legacy_reader_probe.py``), and cuts a clip wherever its
-``(sequence_length - 1) * stride + 1`` frames remain (the experimental one needs
-``sequence_length * stride``; the clip counts follow the reader). It has no CPU backend and
-refuses VP9 WebM, so VP8/VP9/MJPEG/AV1/MPEG-4 files keep the experimental reader on both devices.
+Which reader (``clip_reader``): for shuffled clips (train) on the GPU, when every file is H.264 or
+HEVC, the legacy ``fn.readers.video`` (NVDEC); otherwise, val (clips in file order) included,
+``fn.experimental.readers.video`` (FFmpeg on the CPU, NVDEC on the GPU). Measured with DALI 2.4 on
+the H100 (``bash benchmarks/gpu_session.sh videoloader``, 1080p H.264, 2026-11-26,
+``results/video/*_2026-11-26.json``): in training's order (clips shuffled) the experimental reader
+gave 102-138 frames/s with one instance and 177-202 with seven, NVDEC 3-7 % busy, even with a key
+frame at every clip start; the legacy reader with seven instances gave 1,831-1,839 (a key frame
+every 48 frames) and 3,411 (every 16), NVDEC 80-87 % busy. crossdali's PyTorch loader in training's
+order went from 107-127 (1 pipeline) and 151-181 (7 pipelines) with the experimental reader to 306
+and 1,759-1,760 with the legacy one (4: 1,060-1,082). In file order (val) the experimental reader
+decodes on from clip to clip: the val loader gave 323-389 frames/s with it against 277 with the
+legacy reader (1 pipeline), and on files with one key frame (x264's defaults, ``--encode
+x264-default``) 222 against 83 (the legacy reader decodes each clip from the key frame); with 7
+pipelines it gave 1,411 (gop48) and 919 (x264 defaults) where 7 legacy instances read 2,101 and
+885-892 raw. So val keeps the experimental reader: at most 1.5x behind in these runs (raw legacy
+rows against its loader rows), where the legacy one was up to 2.7x behind. Shuffled, the
+x264-default files gave 176-180 (experimental x7) against 782-784 (legacy x7) and 734-743 through
+the loader. The legacy reader checkpoints and resumes exactly, shards and pads like the other
+(``benchmarks/legacy_reader_probe.py``), and cuts a clip wherever its ``(sequence_length - 1) *
+stride + 1`` frames remain (the experimental one needs ``sequence_length * stride``; the clip counts
+follow the reader). It has no CPU backend and refuses VP9 WebM, so VP8/VP9/MJPEG/AV1/MPEG-4 files
+keep the experimental reader on both devices.
 On the CPU the experimental reader decodes only VP8 / VP9 / MJPEG and reports any other codec as a
 misleading "number of input samples: 0", so the files are probed with PyAV first and an H.264
 file on the CPU path fails with an error that names the codec and the re-encode command (no PyAV
@@ -164,11 +171,13 @@ class ClipTransform:
         return self.resize_size if self.resize_size is not None else round(self.crop_size * 128 / 112)
 
 
-def clip_reader(device: str, codecs) -> str:
-    """``"legacy"`` (``fn.readers.video``) on the GPU when every codec is in ``LEGACY_READER_CODECS``,
-    else ``"experimental"`` (``fn.experimental.readers.video``); one reader per dataset."""
+def clip_reader(device: str, codecs, *, shuffle: bool = True) -> str:
+    """``"legacy"`` (``fn.readers.video``) for shuffled clips on the GPU when every codec is in
+    ``LEGACY_READER_CODECS``, else ``"experimental"`` (``fn.experimental.readers.video``): clips in
+    file order (val) read faster with the experimental reader (see the module doc)."""
     codecs = set(codecs)
-    return "legacy" if device == "gpu" and codecs and codecs <= LEGACY_READER_CODECS else "experimental"
+    legacy = shuffle and device == "gpu" and codecs and codecs <= LEGACY_READER_CODECS
+    return "legacy" if legacy else "experimental"
 
 
 def default_video_pipelines(device: str, batch_size: int) -> int:
@@ -258,8 +267,7 @@ def probe_video(path: str | Path) -> VideoInfo:
                      fps=fps, constant_frame_rate=cfr)
 
 
-def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | None,
-                  reader: str = "experimental") -> tuple[str, str] | None:
+def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | None) -> tuple[str, str] | None:
     """(code, message naming the file and the fix) for a probed file the reader would decode
     wrongly or skip silently, or None."""
     codecs = CPU_CODECS if device == "cpu" else GPU_CODECS
@@ -280,11 +288,11 @@ def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | No
         return "video-vfr", (f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so "
                              "its clips would cover uneven stretches of time. Re-encode it at a constant frame "
                              "rate: " + reencode_hint(info.path, fps=info.fps))
-    if transform is not None and info.num_frames < frames_needed(transform, reader):
-        return "video-short", (f"{info.path} has {info.num_frames} frames but a clip needs "
-                               f"{frames_needed(transform, reader)} (sequence_length={transform.sequence_length}, "
-                               f"stride={transform.stride}); it would yield no clip. Lower --clip-len/--frame-stride "
-                               "or remove the file.")
+    # the experimental reader's rule, the stricter one: every file accepted gives both readers a clip
+    if transform is not None and info.num_frames < transform.frames_needed:
+        return "video-short", (f"{info.path} has {info.num_frames} frames but a clip needs {transform.frames_needed} "
+                               f"(sequence_length={transform.sequence_length} x stride={transform.stride}); it "
+                               "would yield no clip. Lower --clip-len/--frame-stride or remove the file.")
     return None
 
 
@@ -301,12 +309,11 @@ def video_problems(files: Sequence[str], *, device: str, transform: ClipTransfor
     with ThreadPoolExecutor(max(1, min(threads, len(files) or 1))) as pool:
         results = list(pool.map(_probe_or_problem, files))
     problems = []
-    reader = clip_reader(device, (r.codec for r in results if isinstance(r, VideoInfo)))
     for path, res in zip(files, results):
         if isinstance(res, DataError):
             problems.append((path, "not-a-video", str(res)))
             continue
-        found = _info_problem(res, device=device, transform=transform, reader=reader)
+        found = _info_problem(res, device=device, transform=transform)
         if found is not None:
             problems.append((path, *found))
     return problems
@@ -321,9 +328,8 @@ def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform 
         raise DataError("no video files given")
     with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
         infos = list(pool.map(probe_video, files))
-    reader = clip_reader(device, (i.codec for i in infos))
     for info in infos:
-        found = _info_problem(info, device=device, transform=transform, reader=reader)
+        found = _info_problem(info, device=device, transform=transform)
         if found is not None:
             raise DataError(found[1])
     return infos
@@ -348,15 +354,17 @@ def _first_codec(path: str) -> str | None:
         return None  # the reader itself reports the file
 
 
-def count_clips(source: DataSource, *, device: str, transform: ClipTransform, validate: bool = True) -> tuple[int, str]:
-    """``(clips per epoch, reader)`` for a loader over ``source``'s files. ``validate`` probes every
-    file (``check_videos``); without it the first file's codec picks the reader and the count is
-    ``source.num_samples`` (a lower bound: the files are not read)."""
+def count_clips(source: DataSource, *, device: str, transform: ClipTransform, shuffle: bool = True,
+                validate: bool = True) -> tuple[int, str]:
+    """``(clips per epoch, reader)`` for a loader over ``source``'s files, clips shuffled (train) or
+    in file order (val). ``validate`` probes every file (``check_videos``); without it the first
+    file's codec picks the reader and the count is ``source.num_samples`` (a lower bound: the files
+    are not read)."""
     if not validate:
         codec = _first_codec(source.files[0]) if source.files else None
-        return source.num_samples, clip_reader(device, [codec] if codec else [])
+        return source.num_samples, clip_reader(device, [codec] if codec else [], shuffle=shuffle)
     infos = check_videos(source.files, device=device, transform=transform)
-    reader = clip_reader(device, (i.codec for i in infos))
+    reader = clip_reader(device, (i.codec for i in infos), shuffle=shuffle)
     return clips_per_epoch(infos, transform, reader=reader), reader
 
 
@@ -462,7 +470,7 @@ def create_clip_pipeline(
     if not source.files:
         raise DataError(f"{source.root}: the video pipeline reads file lists; got a {source.format} source")
     if reader is None:
-        _, reader = count_clips(source, device=opts.device, transform=t, validate=validate)
+        _, reader = count_clips(source, device=opts.device, transform=t, shuffle=train, validate=validate)
     elif validate:
         check_videos(source.files, device=opts.device, transform=t)
     dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT

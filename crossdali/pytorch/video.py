@@ -85,7 +85,8 @@ def create_video_loader(
     reader = []  # the DALI reader count() picked (crossdali.common.video.clip_reader), for the pipelines
 
     def count(source: DataSource) -> int:  # clips per epoch: probing the files also validates them
-        clips, picked = count_clips(source, device=device, transform=transform, validate=validate)
+        clips, picked = count_clips(source, device=device, transform=transform, shuffle=train,
+                                     validate=validate)
         reader.append(picked)
         return clips
 

@@ -109,7 +109,7 @@ def test_val_exactly_once_over_two_shards(indexed_val_clips, assert_epoch_covera
 
 
 def test_the_reader_and_its_clip_count_follow_the_codecs(tiny_video):
-    """H.264 on the GPU is read by the legacy fn.readers.video, which cuts a clip wherever the
+    """Shuffled H.264 on the GPU is read by the legacy fn.readers.video, which cuts a clip wherever the
     clip's span remains; VP9 (and the CPU) keep fn.experimental.readers.video, which needs
     ``sequence_length * stride`` frames. 32-frame files, 8 frames, stride 2, step 17: clips start at
     0 and 17 for the legacy reader (17 + 15 = 32), at 0 only for the experimental one."""
@@ -118,11 +118,14 @@ def test_the_reader_and_its_clip_count_follow_the_codecs(tiny_video):
 
     assert clip_reader("gpu", ["h264", "hevc"]) == "legacy"
     assert clip_reader("gpu", ["h264", "vp9"]) == clip_reader("cpu", ["h264"]) == clip_reader("gpu", []) == "experimental"
+    assert clip_reader("gpu", ["h264"], shuffle=False) == "experimental"
 
     t = ClipTransform(sequence_length=8, stride=2, step=17)
     h264 = resolve_video_source(tiny_video / "h264", "val")
     vp9 = resolve_video_source(tiny_video, "val")
     assert count_clips(h264, device="gpu", transform=t) == (2 * len(h264.files), "legacy")
+    # clips in file order (val) keep the experimental reader, faster there
+    assert count_clips(h264, device="gpu", transform=t, shuffle=False) == (len(h264.files), "experimental")
     assert count_clips(vp9, device="cpu", transform=t) == (len(vp9.files), "experimental")
     # without validation the first file's codec picks the reader; the count is the file count
     assert count_clips(h264, device="gpu", transform=t, validate=False) == (len(h264.files), "legacy")

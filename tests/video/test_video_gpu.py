@@ -81,9 +81,10 @@ def test_gpu_matches_cpu_frames(gpu_video):
 
 @pytest.mark.gpu
 def test_gpu_h264_reads_every_legacy_clip_once(gpu_video):
-    """H.264 on the GPU goes through the legacy fn.readers.video: with 32-frame files, 8 frames,
-    stride 2 and step 17 it cuts clips at frames 0 and 17 of every file (the clip's 15-frame span
-    fits; the experimental reader would start none at 17), each once, and ``len()`` is exact."""
+    """Shuffled H.264 on the GPU (train) goes through the legacy fn.readers.video: with 32-frame
+    files, 8 frames, stride 2 and step 17 it cuts clips at frames 0 and 17 of every file (the clip's
+    15-frame span fits; the experimental reader would start none at 17), each once per epoch, and
+    ``len()`` is exact. 20 files x 2 clips: batch 4 divides them, so no policy drops any."""
     _require_gpu()
     pytest.importorskip("torch")
     from crossdali.common.sources import DataSource
@@ -95,9 +96,10 @@ def test_gpu_h264_reads_every_legacy_clip_once(gpu_video):
                      num_samples=len(val.files))
     t = ClipTransform(sequence_length=8, stride=2, step=17)
     assert count_clips(src, device="gpu", transform=t)[1] == "legacy"
+    assert count_clips(src, device="gpu", transform=t, shuffle=False)[1] == "experimental"
     expected = sorted((i, s) for i, info in enumerate(check_videos(src.files, device="gpu"))
                       for s in range(0, info.num_frames - t.span + 1, t.clip_step))
-    loader = create_video_loader(src, train=False, backend="dali-gpu", batch_size=4, sequence_length=8, stride=2,
+    loader = create_video_loader(src, train=True, backend="dali-gpu", batch_size=4, sequence_length=8, stride=2,
                                  step=17, crop_size=48, device_id=0, with_frame_num=True)
     seen = sorted((int(lbl), int(f)) for _, labels, frames in loader for lbl, f in zip(labels, frames, strict=True))
     assert seen == expected and len(seen) == loader.num_samples and any(f == 17 for _, f in seen)
