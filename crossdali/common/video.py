@@ -13,7 +13,7 @@ HEVC, the legacy ``fn.readers.video`` (NVDEC); otherwise, val (clips in file ord
 the H100 (``bash benchmarks/gpu_session.sh videoloader``, 1080p H.264, 2026-11-26,
 ``results/video/*_2026-11-26.json``): in training's order (clips shuffled) the experimental reader
 gave 102-138 frames/s with one instance and 177-202 with seven, NVDEC 3-7 % busy, even with a key
-frame at every clip start; the legacy reader with seven instances gave 1,831-1,839 (a key frame
+frame at every clip start; the legacy reader with seven instances gave 1,831-1,840 (a key frame
 every 48 frames) and 3,411 (every 16), NVDEC 80-87 % busy. crossdali's PyTorch loader in training's
 order went from 107-127 (1 pipeline) and 151-181 (7 pipelines) with the experimental reader to 306
 and 1,759-1,760 with the legacy one (4: 1,060-1,082). In file order (val) the experimental reader
