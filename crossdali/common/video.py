@@ -65,6 +65,7 @@ __all__ = [
     "LEGACY_READER_CODECS",
     "VIDEO_EXTENSIONS",
     "VIDEO_READER_NAME",
+    "ClipCounter",
     "ClipTransform",
     "OpticalFlowUnavailable",
     "VideoInfo",
@@ -162,6 +163,12 @@ class ClipTransform:
         more than the clip spans."""
         return self.sequence_length * self.stride
 
+    def frames_needed_by(self, reader: str) -> int:
+        """Frames that must remain from a clip's first frame for ``reader`` (``clip_reader``) to cut it
+        (measured, DALI 2.4): the legacy reader needs the clip's ``span``, the experimental one
+        ``frames_needed``."""
+        return self.span if reader == "legacy" else self.frames_needed
+
     @property
     def clip_step(self) -> int:
         return self.step if self.step is not None else self.sequence_length * self.stride
@@ -186,12 +193,6 @@ def default_video_pipelines(device: str, batch_size: int) -> int:
     if device != "gpu":
         return 1
     return max(k for k in range(1, min(GPU_VIDEO_PIPELINES, max(1, batch_size)) + 1) if batch_size % k == 0)
-
-
-def frames_needed(transform: ClipTransform, reader: str) -> int:
-    """Frames that must remain from a clip's first frame for ``reader`` to cut it (measured, DALI 2.4):
-    the legacy reader needs the clip's span, the experimental one ``sequence_length * stride``."""
-    return transform.span if reader == "legacy" else transform.frames_needed
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,7 @@ def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform 
 
 def clips_per_epoch(infos: Sequence[VideoInfo], transform: ClipTransform, *, reader: str = "experimental") -> int:
     """Clips ``reader`` cuts from these files: starts 0, step, 2*step, ... while ``frames_needed`` remain."""
-    need = frames_needed(transform, reader)
+    need = transform.frames_needed_by(reader)
     return sum((i.num_frames - need) // transform.clip_step + 1 for i in infos if i.num_frames >= need)
 
 
@@ -366,6 +367,20 @@ def count_clips(source: DataSource, *, device: str, transform: ClipTransform, sh
     infos = check_videos(source.files, device=device, transform=transform)
     reader = clip_reader(device, (i.codec for i in infos), shuffle=shuffle)
     return clips_per_epoch(infos, transform, reader=reader), reader
+
+
+class ClipCounter:
+    """``prepare_split``'s ``count`` for a clip loader: ``count_clips`` on the split's source, keeping
+    the reader it picked in ``reader`` so the loader's pipelines read with the one the count is for."""
+
+    def __init__(self, *, device: str, transform: ClipTransform, shuffle: bool, validate: bool) -> None:
+        self.device, self.transform, self.shuffle, self.validate = device, transform, shuffle, validate
+        self.reader: str | None = None  # set by the call (prepare_split counts before pipelines are built)
+
+    def __call__(self, source: DataSource) -> int:
+        clips, self.reader = count_clips(source, device=self.device, transform=self.transform,
+                                         shuffle=self.shuffle, validate=self.validate)
+        return clips
 
 
 def resolve_video_source(data: str | Path, split: str, *, exclude=None) -> DataSource:

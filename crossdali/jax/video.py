@@ -16,8 +16,8 @@ from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataSource
 from crossdali.common.video import (
     VIDEO_READER_NAME,
+    ClipCounter,
     ClipTransform,
-    count_clips,
     create_clip_pipeline,
     default_video_pipelines,
     explain_video_failure,
@@ -72,13 +72,8 @@ def create_video_loader(
     if pipelines is None:
         pipelines = default_video_pipelines(device, batch_size)
 
-    reader = []  # the DALI reader count() picked (crossdali.common.video.clip_reader), for the pipelines
-
-    def count(source: DataSource) -> int:  # clips per epoch: probing the files also validates them
-        clips, picked = count_clips(source, device=device, transform=transform, shuffle=train,
-                                     validate=validate)
-        reader.append(picked)
-        return clips
+    # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
+    count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate)
 
     require_gpu(backend, "use dali-cpu (VP8/VP9 input only)")
     plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
@@ -90,6 +85,6 @@ def create_video_loader(
     return DALILoader(plan, options,
                       lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=transform,
                                                         with_frame_num=with_frame_num, validate=False,
-                                                        reader=reader[-1]),
+                                                        reader=count.reader),
                       names=names, reader_name=VIDEO_READER_NAME, flatten=("labels", "frame_num"),
                       explain=lambda e: explain_video_failure(source, e, device=device))

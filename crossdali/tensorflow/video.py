@@ -20,8 +20,8 @@ from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataSource
 from crossdali.common.video import (
     VIDEO_READER_NAME,
+    ClipCounter,
     ClipTransform,
-    count_clips,
     create_clip_pipeline,
     explain_video_failure,
     resolve_video_source,
@@ -76,13 +76,8 @@ def create_video_loader(
                       hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype)
     device = "gpu" if backend == "dali-gpu" else "cpu"
 
-    reader = []  # the DALI reader count() picked (crossdali.common.video.clip_reader), for the pipelines
-
-    def count(source: DataSource) -> int:  # clips per epoch: probing the files also validates them
-        clips, picked = count_clips(source, device=device, transform=t, shuffle=train,
-                                     validate=validate)
-        reader.append(picked)
-        return clips
+    # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
+    count = ClipCounter(device=device, transform=t, shuffle=train, validate=validate)
 
     plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
                          resolve=resolve_video_source, batch_size=batch_size, dist=dist, last_batch=last_batch,
@@ -92,7 +87,7 @@ def create_video_loader(
     # the twin runs on the loader's device: the CPU cannot decode H.264
     return DALILoader(plan, options,
                       lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=t, validate=False,
-                                                        reader=reader[-1]),
+                                                        reader=count.reader),
                       names=("clips", "labels"), reader_name=VIDEO_READER_NAME, twin_on_cpu=False,
                       output_shapes=(_clip_shape(t, batch_size), (batch_size, 1)),
                       output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),

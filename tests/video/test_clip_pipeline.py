@@ -114,7 +114,8 @@ def test_the_reader_and_its_clip_count_follow_the_codecs(tiny_video):
     ``sequence_length * stride`` frames. 32-frame files, 8 frames, stride 2, step 17: clips start at
     0 and 17 for the legacy reader (17 + 15 = 32), at 0 only for the experimental one."""
     pytest.importorskip("av")
-    from crossdali.common.video import ClipTransform, clip_reader, count_clips, resolve_video_source
+    from crossdali.common.sources import DataError
+    from crossdali.common.video import ClipCounter, ClipTransform, clip_reader, count_clips, resolve_video_source
 
     assert clip_reader("gpu", ["h264", "hevc"]) == "legacy"
     assert clip_reader("gpu", ["h264", "vp9"]) == clip_reader("cpu", ["h264"]) == clip_reader("gpu", []) == "experimental"
@@ -129,7 +130,11 @@ def test_the_reader_and_its_clip_count_follow_the_codecs(tiny_video):
     assert count_clips(vp9, device="cpu", transform=t) == (len(vp9.files), "experimental")
     # without validation the first file's codec picks the reader; the count is the file count
     assert count_clips(h264, device="gpu", transform=t, validate=False) == (len(h264.files), "legacy")
-    with pytest.raises(Exception, match="h264"):  # the CPU cannot decode H.264: the file and the fix are named
+    # the loaders' count keeps the reader its number is for
+    counter = ClipCounter(device="gpu", transform=t, shuffle=True, validate=True)
+    assert (counter(h264), counter.reader) == (2 * len(h264.files), "legacy")
+    assert (t.frames_needed_by("legacy"), t.frames_needed_by("experimental")) == (t.span, t.frames_needed) == (15, 16)
+    with pytest.raises(DataError, match="h264"):  # the CPU cannot decode H.264: the file and the fix are named
         count_clips(h264, device="cpu", transform=t)
 
 
