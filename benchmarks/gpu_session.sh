@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|video|videoprof|videoloader|legacyprobe|videox264|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|video|videoprof|videoloader|legacyprobe|videox264|detection|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -53,9 +53,10 @@ case $phase in
     # readers with 48-frame clips on the gop48 files (every clip starts at a key frame), then nsys over crossdali's
     # reader x7 (CUDA API, kernel and OS-runtime summaries into nsys_video.log). On the lent H100 of 2026-11-26 nsys
     # was not on PATH (exit 127); the copy inside Nsight Compute collected but hung writing its report
-    best="DALI reader x1 (,DALI reader x7 (,DALI reader x14 (,DALI legacy readers.video x1 (,DALI legacy readers.video x7 (,DALI legacy readers.video x14 (,PyNvVideoCodec SimpleDecoder x14"
+    best=(--only "DALI reader x1 (" --only "DALI reader x7 (" --only "DALI reader x14 (" --only "DALI legacy readers.video x1 ("
+          --only "DALI legacy readers.video x7 (" --only "DALI legacy readers.video x14 (" --only "PyNvVideoCodec SimpleDecoder x14")
     step video_decode_gop16 200 "$py" -m benchmarks.video_decode --out "$out/gop16" --encode gop16 \
-      --resolutions 1080p --only "$best" --work "$CROSSDALI_DATA/video-bench"
+      --resolutions 1080p "${best[@]}" --work "$CROSSDALI_DATA/video-bench"
     step video_decode_clips48 150 "$py" -m benchmarks.video_decode --out "$out/clips48" --resolutions 1080p \
       --only "48-frame" --no-peers --work "$CROSSDALI_DATA/video-bench"
     step nsys_video 150 nsys profile --stats=true --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
@@ -69,7 +70,7 @@ case $phase in
     vd=("$py" -m benchmarks.video_decode --resolutions 1080p --no-peers --work "$CROSSDALI_DATA/video-bench")
     step video_loader 260 "${vd[@]}" --out "$out/loader" --only "crossdali loader (PyTorch)"
     step video_reader_rows 150 "${vd[@]}" --out "$out/readers" \
-      --only "shuffled clips,DALI legacy readers.video x7 (one,DALI reader x7 (one"
+      --only "shuffled clips" --only "DALI legacy readers.video x7 (one" --only "DALI reader x7 (one"
     step video_gpu_tests 150 "$py" -m pytest tests/video -m gpu -rA -p no:cacheprovider -q ;;
   legacyprobe)  # what the legacy fn.readers.video does where the loaders depend on it (clip rule, output
     # devices, checkpointing, shards, VP9 WebM), then the loader rows of one process in a row (the order
@@ -82,9 +83,13 @@ case $phase in
     # 144-frame test file) at 1080p: the readers in file order and shuffled, crossdali's loader, PyNvVideoCodec
     step video_decode_x264 540 "$py" -m benchmarks.video_decode --out "$out/x264_default" --encode x264-default \
       --resolutions 1080p --work "$CROSSDALI_DATA/video-bench" \
-      --only "DALI reader x1 (,DALI reader x7 (,shuffled clips,DALI legacy readers.video x7 (,crossdali loader (PyTorch),PyNvVideoCodec SimpleDecoder x14" ;;
+      --only "DALI reader x1 (" --only "DALI reader x7 (" --only "shuffled clips" --only "DALI legacy readers.video x7 (" \
+      --only "crossdali loader (PyTorch)" --only "PyNvVideoCodec SimpleDecoder x14" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
+  decodeprobe)  # which damaged JPEGs each DALI decoder refuses (the data checker's test corpus depends on it)
+    step decode_failure_probe 300 "$py" -m benchmarks.decode_failure_probe --out "$out"
+    step check_decode_gpu_tests 200 "$py" -m pytest tests/common/test_check_decode.py -m gpu -rA -p no:cacheprovider -q ;;
   tests)  # every GPU-marked test (TensorFlow's and MXNet's skip where those frameworks are absent)
     step gpu_tests 420 "$py" -m pytest tests -m gpu -rA -p no:cacheprovider -q
     step optical_flow 60 "$py" -m crossdali.video.optical_flow --sample-size gpu-tiny --output-dir "$out/flow" ;;

@@ -86,7 +86,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="x264 settings of the test videos (PyAV): " + "; ".join(
                             f"{k}: {v['about']}" for k, v in sorted(ENCODES.items())))
     parser.add_argument("--resolutions", default="1080p,720p", help=f"of {', '.join(RESOLUTIONS)}")
-    parser.add_argument("--only", default="", help="comma-separated substrings: run only rows whose name has one")
+    parser.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
+                        help="run only rows whose name contains SUBSTRING (repeat for more; row names hold commas)")
     parser.add_argument("--no-peers", dest="peers", action="store_false",
                         help="skip the PyNvVideoCodec and torchcodec rows")
     parser.add_argument("--peer-ld-path", default=os.environ.get("PEER_LD_PATH", ""),
@@ -542,8 +543,7 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
             rows.append((f"{lib} CPU, 1 stream", "cpu", bench_cpu, dict(files=files, lib=lib, procs=1, seconds=seconds)))
         rows.append((f"{lib} CPU, {args.cpu_procs} processes", "cpu", bench_cpu,
                      dict(files=files, lib=lib, procs=args.cpu_procs, seconds=seconds)))
-    only = [x.strip() for x in args.only.split(",") if x.strip()]
-    return [r for r in rows if not only or any(o in r[0] for o in only)]
+    return [r for r in rows if not args.only or any(o in r[0] for o in args.only)]
 
 
 def main(args: argparse.Namespace) -> dict:
