@@ -167,11 +167,11 @@ def test_explain_names_the_file_dali_named_or_finds_it(tmp_path, tiny_classifica
     named = explain_files_failure(RuntimeError("Error in CPU operator `nvidia.dali.fn.readers.file`\n"
                                                "File mapping failed: /d/x.jpg\nC++ context: [...]"), files=[], where="d")
     assert isinstance(named, DataError) and "/d/x.jpg cannot be read by DALI" in str(named)
-    root = image_folder(tmp_path / "data", tiny_classification, *case_bytes(tiny_classification)["no-dqt"])
+    root = image_folder(tmp_path / "data", tiny_classification, *case_bytes(tiny_classification)["bad-huffman"])
     files = sorted(str(p) for p in root.rglob("*.jpg"))
     found = explain_files_failure(RuntimeError("Error in CPU operator `nvidia.dali.fn.decoders.image`\n"
                                                "nvImageCodec failure: '#3'"), files=files, where=str(root))
-    assert isinstance(found, DataError) and "nodqt.jpg cannot be decoded" in str(found)
+    assert isinstance(found, DataError) and "badhuff.jpg cannot be decoded" in str(found)
     other = ValueError("not about data")
     assert explain_files_failure(other, files=files, where="x") is other
 
@@ -197,3 +197,33 @@ def test_jpeg_header_without_pillow_reads_what_pillow_reads(mode, progressive):
     assert info.problems == []
     assert [code for code, _ in inspect_image(data, extension=".png").problems] == ["misnamed"]
     assert [code for code, _ in inspect_image(data[:-200], extension=".jpg").problems] == ["truncated"]
+
+
+def test_jpeg_walk_refuses_a_scan_the_cpu_decoder_cannot_decode():
+    """A table defined between the frame and the scan is legal (accepted); removed, the scan uses an
+    undefined table, refused by the fast pass as a scan naming a component the frame lacks is (both
+    stop libjpeg-turbo; the GPU decoder was seen to let each through)."""
+    import io
+    import struct
+
+    from PIL import Image
+
+    from crossdali.common.check.images import inspect_image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (37, 23), color=(90, 20, 200)).save(buf, "JPEG", quality=80)
+    data = buf.getvalue()
+    segments, pos = {}, 2
+    while data[pos + 1] != 0xDA:  # marker -> its segments, in file order
+        length = struct.unpack(">H", data[pos + 2: pos + 4])[0]
+        segments.setdefault(data[pos + 1], []).append(data[pos: pos + 2 + length])
+        pos += 2 + length
+    head = b"".join(s for m, seg in segments.items() if m not in (0xC0, 0xDB) for s in seg)
+    sof, dqt = b"".join(segments[0xC0]), b"".join(segments[0xDB])
+    assert inspect_image(data[:2] + head + sof + dqt + data[pos:], extension=".jpg").problems == []
+    problems = inspect_image(data[:2] + head + sof + data[pos:], extension=".jpg").problems
+    assert [code for code, _ in problems] == ["corrupt"]
+    assert "quantization table 0 for component 1" in problems[0][1] and "re-encode" in problems[0][1]
+    scan = data[pos:pos + 5] + b"\x09" + data[pos + 6:]  # the scan's first component selector: 1 -> 9
+    problems = inspect_image(data[:pos] + scan, extension=".jpg").problems
+    assert [code for code, _ in problems] == ["corrupt"] and "names component 9" in problems[0][1]

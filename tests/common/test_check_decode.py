@@ -37,7 +37,7 @@ def test_bad_samples_anywhere_in_a_long_stream_are_named(device, corpus):
     good = corpus["good"][1]
     chunk = 4 * max(4, -(-CHUNK_SAMPLES[device] // 4))
     n = chunk + 9
-    bad_at = {5: corpus["no-dqt"][1], chunk + 6: corpus["warning-only"][1]}
+    bad_at = {5: corpus["bad-huffman"][1], chunk + 6: corpus["warning-only"][1]}
     done: list[int] = []
     bad = decode_samples(_stream(good, n, bad_at), device=device, batch_size=4, threads=2, on_batch=done.append)
     assert sum(done) == n
@@ -55,8 +55,8 @@ def test_files_read_by_dali_bad_ones_named_wherever_they_are(device, corpus, tmp
     chunk and in the last, short batch; nothing else named, every file counted."""
     chunk = 4 * max(4, -(-CHUNK_SAMPLES[device] // 4))
     n = 2 * chunk + 3
-    special = {5: corpus["no-dqt"][1], chunk: corpus["warning-only"][1], n - 1: corpus["warning-only"][1],
-               n - 2: corpus["no-dqt"][1]}
+    special = {5: corpus["bad-huffman"][1], chunk: corpus["warning-only"][1], n - 1: corpus["warning-only"][1],
+               n - 2: corpus["bad-huffman"][1]}
     paths = _files(tmp_path, n, special, corpus["good"][1])
     done: list[int] = []
     bad = decode_files(paths, device=device, batch_size=4, threads=2, on_batch=done.append)
@@ -78,7 +78,7 @@ def test_file_list_through_the_reader_names_what_the_streaming_pass_names(device
     n = 2 * chunk + 3
     special = {chunk: corpus["warning-only"][1], n - 1: corpus["warning-only"][1]}
     if failing:
-        special.update({5: corpus["no-dqt"][1], n - 2: corpus["no-dqt"][1]})
+        special.update({5: corpus["bad-huffman"][1], n - 2: corpus["bad-huffman"][1]})
     paths = _files(tmp_path, n, special, corpus["good"][1])
     done: list[int] = []
     bad = decode_file_list(paths, device=device, batch_size=4, threads=2, on_batch=done.append)
@@ -119,7 +119,7 @@ def test_full_check_through_the_file_reader_gives_the_streaming_report(corpus, t
 
 def test_a_stream_shorter_than_the_pipeline_depth(corpus):
     """One batch only (the pipelined decoder needs two to start): decoded synchronously, still named."""
-    bad = decode_samples(_stream(corpus["good"][1], 3, {1: corpus["no-dqt"][1]}), batch_size=4, threads=1)
+    bad = decode_samples(_stream(corpus["good"][1], 3, {1: corpus["bad-huffman"][1]}), batch_size=4, threads=1)
     assert list(bad) == ["s1"] and bad["s1"][0] == "decode-failed"
     assert decode_samples([], batch_size=4) == {}
 

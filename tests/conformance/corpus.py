@@ -34,7 +34,8 @@ def _sos_end(jpeg: bytes) -> int:
 
 
 def _without_dqt(jpeg: bytes) -> bytes:
-    """A structurally whole JPEG with no quantisation table: DALI's decoder fails on it."""
+    """A JPEG with no quantisation table: libjpeg-turbo refuses it, and so does the fast pass's
+    marker walk (a GPU full pass let one through in a test session on the H100)."""
     out, pos = bytearray(jpeg[:2]), 2
     while True:
         marker, length = jpeg[pos + 1], struct.unpack(">H", jpeg[pos + 2: pos + 4])[0]
@@ -43,6 +44,27 @@ def _without_dqt(jpeg: bytes) -> bytes:
         if marker != 0xDB:
             out += jpeg[pos: pos + 2 + length]
         pos += 2 + length
+
+
+def patched(jpeg: bytes, marker: int, offset: int, value: int) -> bytes:
+    """``jpeg`` with byte ``offset`` of the first ``marker`` segment's payload set to ``value``."""
+    pos = 2
+    while True:
+        m, length = jpeg[pos + 1], struct.unpack(">H", jpeg[pos + 2: pos + 4])[0]
+        if m == marker:
+            out = bytearray(jpeg)
+            out[pos + 4 + offset] = value
+            return bytes(out)
+        if m == 0xDA:
+            raise ValueError(f"no 0xFF{marker:02X} segment before the scan")
+        pos += 2 + length
+
+
+def _bogus_huffman_table(jpeg: bytes) -> bytes:
+    """A JPEG whose first Huffman table claims 255 codes of length 1: every marker is in place (the
+    fast pass accepts it), and both of DALI's decoders refuse it when they parse the stream
+    (benchmarks/decode_failure_probe.py)."""
+    return patched(jpeg, 0xC4, 1, 255)
 
 
 def case_bytes(tiny: Path) -> dict[str, tuple[str, bytes]]:
@@ -84,6 +106,9 @@ def case_bytes(tiny: Path) -> dict[str, tuple[str, bytes]]:
         "truncated": ("truncated.jpg", good[: len(good) // 2]),
         "bad-marker": ("marker.jpg", bytes(marker)),
         "no-dqt": ("nodqt.jpg", _without_dqt(good)),
+        "bad-huffman": ("badhuff.jpg", _bogus_huffman_table(good)),
+        # the scan names component 9: nvJPEG decodes it after a good JPEG, libjpeg-turbo and the walk refuse it
+        "bad-scan": ("badscan.jpg", patched(good, 0xDA, 1, 9)),
         "warning-only": ("warns.jpg", cut),
         "forged-30000": ("forged.jpg", bytes(forged)),
     }
@@ -95,12 +120,12 @@ EXPECTED = {
     "progressive": "accept", "exif-rotated": "accept", "one-pixel": "accept", "png16": "accept",
     "empty": "empty", "html": "not-an-image", "gif": "unsupported-format", "png-as-jpg": "misnamed",
     "webp-as-jpg": "misnamed", "bmp-as-jpg": "misnamed", "tiff-as-jpg": "misnamed", "truncated": "truncated",
-    "bad-marker": "corrupt", "forged-30000": "too-large",
+    "bad-marker": "corrupt", "no-dqt": "corrupt", "bad-scan": "corrupt", "forged-30000": "too-large",
     # found only by decoding: the loaders refuse them once `crossdali check --depth full` has run
-    "no-dqt": "decode-failed", "warning-only": "decoder-warning",
+    "bad-huffman": "decode-failed", "warning-only": "decoder-warning",
 }
 #: cases the fast pass cannot see (no decode)
-FULL_ONLY = {"no-dqt", "warning-only"}
+FULL_ONLY = {"bad-huffman", "warning-only"}
 
 
 def image_folder(root: Path, tiny: Path, name: str, data: bytes, *, per_class: int = 3) -> Path:

@@ -70,7 +70,7 @@ def _own_cache(tmp_path, monkeypatch):
 def test_same_verdict_in_every_framework(framework, case, corpus, tiny_classification, tmp_path):
     name, data = corpus[case]
     root = image_folder(tmp_path / "data", tiny_classification, name, data)
-    # by default the loaders run the fast pass; only DALI's decoder itself stops on no-dqt
+    # by default the loaders run the fast pass; only DALI's decoder itself stops on bad-huffman
     expected = "accept" if case == "warning-only" else ("accept" if EXPECTED[case] == "accept" else "refuse")
     assert _verdict(framework, root, name) == expected
 

@@ -18,8 +18,9 @@ __all__ = ["CACHE_VERSION", "CheckCache", "default_cache_dir", "file_signature"]
 
 log = logging.getLogger(__name__)
 
-#: Bumped whenever what a cached entry means changes (old entries are then ignored).
-CACHE_VERSION = 1
+#: Bumped whenever what a cached entry means changes (old entries are then ignored). 2: the JPEG walk
+#: refuses a scan whose quantization table is not defined (1 let such files through to the decoder).
+CACHE_VERSION = 2
 
 
 def default_cache_dir() -> Path:

@@ -297,6 +297,17 @@ def _chunk(samples: Iterator[tuple[str, bytes]], keys: list[list[str]], batches_
             return
 
 
+def _failure_text(error: str, lines: list[str]) -> str:
+    """Why one sample failed: DALI's error says only "Failed to decode sample #0" for what
+    libjpeg-turbo explains on stderr ("Bogus Huffman table definition"), so the decoder's own lines
+    (the last three) are added."""
+    text = describe_dali_error(error)
+    if re.fullmatch(r"Failed to decode sample #\d+\s*:?", text):
+        text = "DALI's decoder failed"
+    said = list(dict.fromkeys(_clean(line) for line in lines))[-3:]
+    return f"{text} ({'; '.join(said)})" if said else text
+
+
 def _search_batch(slow: _Decoder, keys: list[str], batch: list[np.ndarray] | np.ndarray,
                   bad: dict[str, tuple[str, str]]) -> None:
     """Decode one suspect batch alone, and if it fails or prints anything, each of its samples alone:
@@ -307,7 +318,7 @@ def _search_batch(slow: _Decoder, keys: list[str], batch: list[np.ndarray] | np.
     for key, arr in zip(keys, batch):
         one_error, one_lines = slow.run([arr]) if len(keys) > 1 else (error, lines)
         if one_error is not None:
-            bad[key] = ("decode-failed", describe_dali_error(one_error))
+            bad[key] = ("decode-failed", _failure_text(one_error, one_lines))
         elif one_lines:
             bad[key] = ("decoder-warning", "DALI's decoder warned: " + "; ".join(dict.fromkeys(one_lines)))
 

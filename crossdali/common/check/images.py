@@ -35,6 +35,7 @@ _TEXT_STARTS = (b"<", b"{", b"[", b"\xef\xbb\xbf<", b"%PDF")
 # SOFn, DHT, DAC, SOS, DQT, DNL, DRI, DHP, EXP, APPn, COM, EOI.
 _AFTER_SCAN_OK = set(range(0xC0, 0xD0)) | {0xD9, 0xDA, 0xDB, 0xDC, 0xDD, 0xDE, 0xDF} | set(range(0xE0, 0xF0)) | {0xFE}
 _SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RSTn: no length field
 # Pillow's mode of a JPEG by its frame's component count (it refuses other counts)
 _JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 # a marker inside entropy-coded data: 0xFF not followed by a stuffed 0x00, an RSTn or a fill 0xFF
@@ -69,6 +70,7 @@ def _jpeg_walk(data: bytes) -> tuple[tuple[int, int, int] | None, str | None]:
     """(width, height, components) from the first SOF, and what is wrong with the marker structure
     (or None)."""
     size, pos, n = None, 2, len(data)
+    tables, component_table = 0, {}  # quantization tables defined so far (bit mask); component id -> its table
     while True:
         if pos + 2 > n:
             return size, f"ends after {n} bytes without the end-of-image marker (truncated)"
@@ -82,7 +84,7 @@ def _jpeg_walk(data: bytes) -> tuple[tuple[int, int, int] | None, str | None]:
         pos += 1
         if marker == 0xD9:
             return size, None
-        if marker in (0x01, *range(0xD0, 0xD8)):
+        if marker in _STANDALONE:
             continue
         if pos + 2 > n:
             return size, f"ends after {n} bytes inside a segment header (truncated)"
@@ -94,6 +96,12 @@ def _jpeg_walk(data: bytes) -> tuple[tuple[int, int, int] | None, str | None]:
         if marker in _SOF and size is None and length >= 8:
             h, w, components = struct.unpack_from(">HHB", data, pos + 3)
             size = (w, h, components)
+            component_table = {data[c]: data[c + 2] for c in range(pos + 8, min(pos + 8 + 3 * components,
+                                                                                pos + length - 2), 3)}
+        elif marker == 0xDB:
+            tables = _quant_tables(data, pos, length, tables)
+        elif marker == 0xDA and (problem := _scan_problem(data, pos, length, tables, component_table)):
+            return size, problem
         pos += length
         if marker == 0xDA:  # entropy-coded data runs to the next real marker
             found = _next_marker(data, pos)
@@ -104,6 +112,37 @@ def _jpeg_walk(data: bytes) -> tuple[tuple[int, int, int] | None, str | None]:
                 return size, (f"has an invalid marker 0xFF{data[pos]:02X} inside its image data at byte {pos} "
                               "(corrupt data: decoders skip it with a warning and output damaged pixels)")
             pos = start
+
+
+def _quant_tables(data: bytes, pos: int, length: int, tables: int) -> int:
+    """``tables`` (a bit mask) with those the DQT segment at ``pos`` defines (each: a precision/id
+    byte and 64 one- or two-byte entries)."""
+    i, end = pos + 2, pos + length
+    while i < end:
+        tables |= 1 << (data[i] & 0x0F)
+        i += 1 + 64 * ((data[i] >> 4) + 1)
+    return tables
+
+
+def _scan_problem(data: bytes, pos: int, length: int, tables: int, component_table: dict[int, int]) -> str | None:
+    """What is wrong when the scan (SOS segment at ``pos``) names a component its frame lacks, or
+    one whose quantization table no DQT segment has defined yet, else None.
+
+    libjpeg-turbo refuses both. nvJPEG was measured (H100, DALI 2.4,
+    benchmarks/decode_failure_probe.py) to decode the first in a batch after a good JPEG without an
+    error, and the GPU full pass of one test session let the second through, so a dataset checked on
+    the GPU could still stop a CPU-decoding job: checked here, on every device, without decoding."""
+    for c in range(pos + 3, min(pos + 3 + 2 * data[pos + 2], pos + length), 2):
+        table = component_table.get(data[c])
+        if table is None and component_table:
+            return (f"names component {data[c]} in the scan at byte {pos - 2}, which its frame (components "
+                    f"{sorted(component_table)}) does not have (corrupt: the CPU decoder refuses it); re-encode "
+                    "it from its source")
+        if table is not None and not tables >> table & 1:
+            return (f"uses quantization table {table} for component {data[c]}, which no DQT segment defines before "
+                    f"its image data at byte {pos + length} (corrupt: the CPU decoder refuses it); re-encode it "
+                    "from its source")
+    return None
 
 
 def _next_marker(data: bytes, pos: int) -> tuple[int, int] | None:
