@@ -38,15 +38,19 @@ class DALIIteratorLoader:
     Subclasses define ``_new_iterator(pipeline)`` (the plugin's iterator, with ``reader_name``,
     ``last_batch_policy`` and ``auto_reset=True``), ``_outputs(raw)`` (the dict of named outputs
     of one ``next()``), ``_flat(array)`` and, for several pipelines, ``_concat(arrays)``.
+
+    ``reader_kind`` names which DALI reader operator ``reader_name`` is where a loader may use one of
+    several (video: ``"legacy"`` or ``"experimental"``, ``crossdali.common.video.clip_reader``); it is
+    saved with the checkpoints, since one operator's checkpoint cannot restore the other.
     """
 
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
                  names: tuple[str, ...], reader_name: str, explain: Callable[[Exception], Exception],
-                 flatten: tuple[str, ...] = ("labels",)) -> None:
+                 flatten: tuple[str, ...] = ("labels",), reader_kind: str | None = None) -> None:
         self.plan, self.source, self.policy = plan, plan.source, plan.policy
         self.batch_size, self.num_classes = options.batch_size, plan.num_classes
         self.names, self.flatten, self.epoch = names, flatten, 0
-        self.reader_name = reader_name
+        self.reader_name, self.reader_kind = reader_name, reader_kind
         self._options, self._build, self._explain = options, build, explain
         self._pipeline_options = sub_shard_options(options, plan.pipelines)
         self._batches = 0  # batches yielded in the epoch in progress
@@ -134,6 +138,8 @@ class DALIIteratorLoader:
         if self._options.checkpointing:
             saved = [encode_dali_checkpoint(it.checkpoints()[0]) for it in self._iters]
             state["dali"] = saved[0] if len(saved) == 1 else saved
+            if self.reader_kind is not None:
+                state["dali_reader"] = self.reader_kind
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -152,6 +158,14 @@ class DALIIteratorLoader:
             log.warning("loader state from a crossdali older than its DROP fix: its DALI checkpoint would repeat "
                         "samples in every later epoch, so epoch %d starts again from its first batch, in a fresh "
                         "run's order", self.epoch)
+            self._batches = 0
+            return
+        saved_kind = state.get("dali_reader")  # None: saved before crossdali recorded it, or no choice of reader
+        if saved_kind is not None and self.reader_kind is not None and saved_kind != self.reader_kind:
+            log.warning("loader state saved by DALI's %s reader, but this loader reads with the %s one (another "
+                        "backend or other codecs: crossdali.common.video.clip_reader), which cannot restore its "
+                        "checkpoint: epoch %d starts again from its first batch, in a fresh run's order",
+                        saved_kind, self.reader_kind, self.epoch)
             self._batches = 0
             return
         saved = state["dali"] if isinstance(state["dali"], list) else [state["dali"]]

@@ -87,4 +87,5 @@ def create_video_loader(
                                                         with_frame_num=with_frame_num, validate=False,
                                                         reader=count.reader),
                       names=names, reader_name=VIDEO_READER_NAME, flatten=("labels", "frame_num"),
+                      reader_kind=count.reader,
                       explain=lambda e: explain_video_failure(source, e, device=device))

@@ -76,6 +76,28 @@ def test_mid_epoch_state_resumes_with_the_same_batches(indexed_val_clips):
         np.testing.assert_array_equal(c0, c1)  # same clips, same crops and flips
 
 
+def test_a_checkpoint_of_the_other_reader_restarts_the_epoch(indexed_val_clips, caplog):
+    """The state names the DALI reader its checkpoint is from; restored into a loader reading with
+    the other one (dali-gpu H.264 train: legacy; dali-cpu: experimental), the epoch starts again in
+    a fresh run's order, with a warning, instead of feeding DALI a checkpoint it cannot restore."""
+    src, _ = indexed_val_clips
+    whole = [lbl.numpy() for _, lbl, _ in _loader(src, train=True, pipelines=1)]
+    first = _loader(src, train=True, pipelines=1)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    assert state["dali_reader"] == "experimental"  # the CPU's reader
+    state["dali_reader"] = "legacy"  # as if saved by a dali-gpu run
+    resumed = _loader(src, train=True, pipelines=1)
+    with caplog.at_level("WARNING"):
+        resumed.load_state_dict(state)
+    assert "saved by DALI's legacy reader" in caplog.text and "starts again from its first batch" in caplog.text
+    again = [lbl.numpy() for _, lbl, _ in resumed]
+    assert len(again) == len(whole)
+    for l0, l1 in zip(whole, again, strict=True):
+        np.testing.assert_array_equal(l0, l1)
+
+
 def test_mistakes_are_named(indexed_val_clips):
     from crossdali.common.script import UsageError
 
