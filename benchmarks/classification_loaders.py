@@ -33,6 +33,7 @@ configuration, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import time
@@ -72,6 +73,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--train-sync", default="none,step",
                         help="per training row: 'none' (the host runs ahead; the loss is never read) and/or 'step' "
                              "(wait for the device after fetching every batch, as a loop reading loss.item() does)")
+    parser.add_argument("--train-stream", default="default",
+                        help="per synthetic and dali-gpu training row: 'default' (the model on PyTorch's default "
+                             "stream) and/or 'high' (on a stream of the highest priority, so DALI's kernels, on "
+                             "its own default-priority stream, yield the SMs to the model's)")
     parser.add_argument("--train-threads", default="4,15",
                         help="DALI threads for the dali-gpu training rows (the other backends use --workers)")
     parser.add_argument("--arch", default="resnet50", help="torchvision model trained in the training rows")
@@ -481,13 +486,19 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         modes = [m.strip() for m in args.train_sync.split(",") if m.strip()]
         if not modes or set(modes) - {"none", "step"}:
             raise usage_error(f"--train-sync {args.train_sync!r}: give 'none', 'step' or 'none,step'")
-        runs = [(name, cfg, mode) for name, cfg in train_configs
-                for mode in (modes if not name.startswith("warm-up") else ["none"])]
-        for base_name, cfg, mode in runs:
+        streams = [m.strip() for m in args.train_stream.split(",") if m.strip()]
+        if not streams or set(streams) - {"default", "high"}:
+            raise usage_error(f"--train-stream {args.train_stream!r}: give 'default', 'high' or 'default,high'")
+        runs = [(name, cfg, mode, stream) for name, cfg in train_configs
+                for mode in (modes if not name.startswith("warm-up") else ["none"])
+                for stream in (streams if cfg["backend"] in ("synthetic", "dali-gpu") and not name.startswith("warm-up")
+                               and device.type == "cuda" else ["default"])]
+        for base_name, cfg, mode, stream in runs:
             if cfg["backend"] == "dali-gpu" and device.type != "cuda":
                 continue
-            name = base_name + (" [device sync every step]" if mode == "step" else "")
-            row = {"name": name, "backend": cfg["backend"], "threads": cfg["workers"]}
+            name = base_name + (" [device sync every step]" if mode == "step" else "") + (
+                " [model on a high-priority stream]" if stream == "high" else "")
+            row = {"name": name, "backend": cfg["backend"], "threads": cfg["workers"], "model_stream": stream}
             try:
                 model = torchvision.models.get_model(args.arch, num_classes=source.num_classes)
                 model = model.to(device).to(memory_format=torch.channels_last)
@@ -495,8 +506,13 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
                 loader = create_classification_loader(source, **common, **cfg, device_id=0)
                 start = time.perf_counter()
-                row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps, args.train_warmup,
-                                        sync_each_step=mode == "step"))
+                # torch maps a priority below its range to the highest one; DALI's iterator copies each
+                # batch on the current stream, so the order between DALI and the model is kept
+                on_stream = torch.cuda.stream(torch.cuda.Stream(device, priority=-100)) if stream == "high" \
+                    else contextlib.nullcontext()
+                with on_stream:
+                    row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps,
+                                            args.train_warmup, sync_each_step=mode == "step"))
                 row["engine_load"] = load.mean(start, time.perf_counter())
                 print(f"train {name:46s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.1f} % "
                       f"(median {row['data_wait_ms']['median']:.2f} ms/step){_engine_text(row['engine_load'])}",
