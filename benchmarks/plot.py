@@ -70,19 +70,26 @@ def plot_classification(report: dict, png: Path) -> None:
     loader = [r for r in report["loader"] if "img_s" in r]  # failed configurations carry "error"
     rows = report.get("train") or report.get("train_resnet50_amp", [])  # the older name in committed results
     train = [r for r in rows if "img_s" in r and not r["name"].startswith("warm-up")]
-    fig, axes = plt.subplots(1, 2 if train else 1, figsize=(17 if train else 9, 6), squeeze=False,
-                             gridspec_kw={"width_ratios": [1, 1]} if train else None, layout="constrained")
+    if not loader and not train:
+        raise SystemExit(f"nothing to plot: no row of this report has a result ({len(report['loader'])} loader, "
+                         f"{len(rows)} train rows)")
+    panels = int(bool(loader)) + int(bool(train))  # --skip-loader / --skip-train leave one panel
+    fig, axes = plt.subplots(1, panels, figsize=(8.5 * panels if loader else 13, 6), squeeze=False, layout="constrained")
     title = (f"Input pipeline, RN50 train transform, batch {report['batch_size']}\n"
              f"{report['device']}, {report['cpu_count']} CPU cores, {report['dataset']['images']:,} JPEGs")
-    bars(axes[0][0], [r["name"] for r in loader], [r["img_s"] for r in loader],
-         labels=[f"{r['img_s']:,.0f}" for r in loader], colors=[backend_color(r["backend"]) for r in loader],
-         xlabel="images/s (higher is better)", title=title, headroom=1.18)
+    if loader:
+        bars(axes[0][0], [r["name"] for r in loader], [r["img_s"] for r in loader],
+             labels=[f"{r['img_s']:,.0f}" for r in loader], colors=[backend_color(r["backend"]) for r in loader],
+             xlabel="images/s (higher is better)", title=title, headroom=1.18)
     if train:
         model = report.get("train_model", "resnet50, channels-last, AMP float16")
-        bars(axes[0][1], [r["name"] for r in train], [r["img_s"] for r in train],
+        bars(axes[0][-1], [r["name"] for r in train], [r["img_s"] for r in train],
              labels=[f"{r['img_s']:,.0f} img/s, wait {100 * r['data_wait_share']:.0f} %" for r in train],
              colors=BACKEND_COLORS["dali-cpu"], xlabel="images/s", headroom=1.45,
-             title=f"training steps ({model})\nand the share of time spent waiting for data")
+             title=(f"training steps ({model})\nand the share of time spent waiting for data" if loader else
+                    f"training steps ({model}), batch {report['batch_size']}\n"
+                    f"and the share of time spent waiting for data; {report['device']}, "
+                    f"{report['dataset']['images']:,} JPEGs"))
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
