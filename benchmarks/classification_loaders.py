@@ -77,6 +77,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="per synthetic and dali-gpu training row: 'default' (the model on PyTorch's default "
                              "stream) and/or 'high' (on a stream of the highest priority, so DALI's kernels, on "
                              "its own default-priority stream, yield the SMs to the model's)")
+    parser.add_argument("--train-backends", default="synthetic,dali-gpu,dali-cpu,native",
+                        help="the backends of the training rows")
+    parser.add_argument("--train-rounds", type=int, default=1,
+                        help="run the training rows this many times, interleaved (synthetic, dali-gpu, ..., then "
+                             "again): the spread between rounds shows what one row's number is worth")
     parser.add_argument("--train-threads", default="4,15",
                         help="DALI threads for the dali-gpu training rows (the other backends use --workers)")
     parser.add_argument("--arch", default="resnet50", help="torchvision model trained in the training rows")
@@ -359,6 +364,25 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
             "data_wait_ms_per_step": [round(1000 * w, 3) for w in waits]}
 
 
+def _train_ratios(train: list[dict]) -> dict:
+    """Each training row's images/s over the synthetic row's of the same round, sync mode and stream
+    (mean, min, max over the rounds), by the row's name without its round."""
+    import re
+
+    def key(row):
+        name = re.sub(r" \(round \d+\)", "", row["name"])
+        rnd = re.search(r"\(round (\d+)\)", row["name"])
+        return name, (rnd.group(1) if rnd else "1"), row.get("sync_each_step"), row.get("model_stream")
+
+    synthetic = {k[1:]: r["img_s"] for r in train if "img_s" in r and r["backend"] == "synthetic" for k in [key(r)]}
+    ratios: dict[str, list[float]] = {}
+    for r in train:
+        k = key(r)
+        if "img_s" in r and r["backend"] != "synthetic" and not k[0].startswith("warm-up") and k[1:] in synthetic:
+            ratios.setdefault(k[0], []).append(r["img_s"] / synthetic[k[1:]])
+    return {n: {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "rounds": len(v)} for n, v in ratios.items()}
+
+
 def _forever(loader):
     while True:
         yield from loader
@@ -477,6 +501,12 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                           for t in (int(x) for x in args.train_threads.split(",") if x)]
         train_configs += [("DALI CPU", dict(backend="dali-cpu", workers=workers)),
                           ("torchvision decode_image + v2 (native)", dict(backend="native", workers=workers))]
+        wanted = {b.strip() for b in args.train_backends.split(",") if b.strip()}
+        if not wanted or wanted - {"synthetic", "dali-gpu", "dali-cpu", "native"}:
+            raise usage_error(f"--train-backends {args.train_backends!r}: give some of synthetic, dali-gpu, dali-cpu, native")
+        if args.train_rounds < 1:
+            raise usage_error(f"--train-rounds {args.train_rounds}: give 1 or more")
+        train_configs = [(n, c) for n, c in train_configs if c["backend"] in wanted]
         if device.type == "cuda" and any(c["backend"] == "dali-gpu" for _, c in train_configs):
             # The first DALI GPU pipeline that runs next to the model trains slowly for a while (measured
             # 734 and 1,475 img/s against 4,062-4,416 for the later ones, whatever the thread count):
@@ -493,6 +523,10 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                 for mode in (modes if not name.startswith("warm-up") else ["none"])
                 for stream in (streams if cfg["backend"] in ("synthetic", "dali-gpu") and not name.startswith("warm-up")
                                and device.type == "cuda" else ["default"])]
+        rounds = args.train_rounds
+        runs = [run for run in runs if run[0].startswith("warm-up")] + [
+            (f"{name} (round {k + 1})" if rounds > 1 else name, cfg, mode, stream)
+            for k in range(rounds) for name, cfg, mode, stream in runs if not name.startswith("warm-up")]
         for base_name, cfg, mode, stream in runs:
             if cfg["backend"] == "dali-gpu" and device.type != "cuda":
                 continue
@@ -524,6 +558,10 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
             train.append(row)
             write_report(path, report)
 
+    if train:
+        report["train_vs_synthetic"] = _train_ratios(train)
+        for name, r in report["train_vs_synthetic"].items():
+            print(f"train {name}: {100 * r['mean']:.1f} % of synthetic (rounds {100 * r['min']:.1f}-{100 * r['max']:.1f} %)")
     by_name = {r["name"]: r["img_s"] for r in results if "img_s" in r}
     for key, base in (("speedup_vs_native", "torchvision decode_image + v2 (native)"),
                       ("speedup_vs_pil", "torchvision PIL ImageFolder")):

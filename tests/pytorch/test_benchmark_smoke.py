@@ -64,6 +64,24 @@ def test_classification_benchmark_smoke(tmp_path, data_root):
     assert (tmp_path / "classification_loaders.png").stat().st_size > 10_000
 
 
+def test_classification_training_rounds_give_the_ratio_to_synthetic(tmp_path, data_root):
+    """Training rows only, in two interleaved rounds: each round's row is kept, and the ratio to the
+    synthetic row of the same round is summarised; the plot has the training panel alone."""
+    report = _run("benchmarks.classification_loaders", tmp_path, data_root, "--skip-loader", "--train-rounds", "2",
+                  "--train-backends", "synthetic,dali-cpu")
+    assert report["loader"] == []
+    assert [r["name"] for r in report["train"]] == ["synthetic (round 1)", "DALI CPU (round 1)",
+                                                    "synthetic (round 2)", "DALI CPU (round 2)"]
+    ratio = report["train_vs_synthetic"]["DALI CPU"]
+    rows = {r["name"]: r["img_s"] for r in report["train"]}
+    assert ratio["rounds"] == 2 and ratio["min"] <= ratio["mean"] <= ratio["max"]
+    assert ratio["min"] == pytest.approx(min(rows[f"DALI CPU (round {k})"] / rows[f"synthetic (round {k})"]
+                                             for k in (1, 2)))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.plot", str(tmp_path / "classification_loaders.json")],
+                          env={**os.environ}, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_detection_benchmark_smoke(tmp_path, data_root):
     report = _run("benchmarks.detection_loaders", tmp_path, data_root)
     rows = {r["backend"]: r for r in report["loader"]}
