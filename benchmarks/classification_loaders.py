@@ -77,6 +77,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="per synthetic and dali-gpu training row: 'default' (the model on PyTorch's default "
                              "stream) and/or 'high' (on a stream of the highest priority, so DALI's kernels, on "
                              "its own default-priority stream, yield the SMs to the model's)")
+    parser.add_argument("--train-last-batch", choices=("drop", "partial"), default="drop",
+                        help="the training rows' last-batch policy: 'drop' (default) gives every row the same full "
+                             "batches; 'partial' (the loaders' default on one GPU, every image once per epoch) adds "
+                             "one short step per epoch to the data rows (3 images on the bench set) that the "
+                             "synthetic rows, always full, do not have")
     parser.add_argument("--train-backends", default="synthetic,dali-gpu,dali-cpu,native",
                         help="the backends of the training rows")
     parser.add_argument("--train-rounds", type=int, default=1,
@@ -447,6 +452,7 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         "timing": (f"loader: 1 warm-up epoch, then whole epochs timed until >= 2 epochs and >= {args.min_seconds:g} s; "
                    f"train: {args.train_warmup} warm-up steps, then --train-steps timed; engine_load: nvidia-smi dmon "
                    "means over a loader row's timed epochs and a train row's warm-up + timed steps"),
+        "train_last_batch": args.train_last_batch,
         "spdl": _spdl_version(),
         "loader": results,
         "train": train,
@@ -538,7 +544,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                 model = model.to(device).to(memory_format=torch.channels_last)
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
                 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
-                loader = create_classification_loader(source, **common, **cfg, device_id=0)
+                loader = create_classification_loader(source, **common, **cfg, device_id=0,
+                                                      last_batch=args.train_last_batch)
                 start = time.perf_counter()
                 # torch maps a priority below its range to the highest one; DALI's iterator copies each
                 # batch on the current stream, so the order between DALI and the model is kept

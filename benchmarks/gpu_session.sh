@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -55,6 +55,13 @@ case $phase in
     # each (synthetic, dali-gpu, synthetic, ...), so the ratio comes with its round-to-round spread
     step train_rounds 430 "$py" -m benchmarks.classification_loaders --out "$out/train_rounds" --skip-loader \
       --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 4 --train-steps 300 ;;
+  trainshape)  # the same rounds with the loaders' default last batch (partial: one 3-image step per epoch on the
+    # bench set, which synthetic does not have) and with every row's batches full (drop), one run after the other
+    for policy in partial drop; do
+      step train_rounds_$policy 280 "$py" -m benchmarks.classification_loaders --out "$out/train_rounds_$policy" \
+        --skip-loader --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 4 \
+        --train-steps 200 --train-last-batch $policy
+    done ;;
   video)  # issue 14: both DALI readers, fn.decoders.video, the GPU peers (PyNvVideoCodec, torchcodec: staged
     # into /tmp/site-extra by .device-stage/x*, on PYTHONPATH, PEER_LD_PATH=/tmp/site-extra/av.libs), the
     # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)
