@@ -19,7 +19,8 @@ __all__ = ["CACHE_VERSION", "CheckCache", "default_cache_dir", "file_signature"]
 log = logging.getLogger(__name__)
 
 #: Bumped whenever what a cached entry means changes (old entries are then ignored). 2: the JPEG walk
-#: refuses a scan whose quantization table is not defined (1 let such files through to the decoder).
+#: refuses a scan naming a component its frame lacks or using an undefined quantization table (1 let
+#: such files through to the decoder).
 CACHE_VERSION = 2
 
 
