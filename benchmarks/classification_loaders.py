@@ -371,20 +371,16 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
 
 def _train_ratios(train: list[dict]) -> dict:
     """Each training row's images/s over the synthetic row's of the same round, sync mode and stream
-    (mean, min, max over the rounds), by the row's name without its round."""
-    import re
+    (mean, min, max over the rounds), by the row's name without its round (``row``)."""
+    def key(r: dict) -> tuple:
+        return r["round"], r["sync_each_step"], r["model_stream"]
 
-    def key(row):
-        name = re.sub(r" \(round \d+\)", "", row["name"])
-        rnd = re.search(r"\(round (\d+)\)", row["name"])
-        return name, (rnd.group(1) if rnd else "1"), row.get("sync_each_step"), row.get("model_stream")
-
-    synthetic = {k[1:]: r["img_s"] for r in train if "img_s" in r and r["backend"] == "synthetic" for k in [key(r)]}
+    timed = [r for r in train if "img_s" in r and "round" in r]  # the warm-up row has no round
+    synthetic = {key(r): r["img_s"] for r in timed if r["backend"] == "synthetic"}
     ratios: dict[str, list[float]] = {}
-    for r in train:
-        k = key(r)
-        if "img_s" in r and r["backend"] != "synthetic" and not k[0].startswith("warm-up") and k[1:] in synthetic:
-            ratios.setdefault(k[0], []).append(r["img_s"] / synthetic[k[1:]])
+    for r in timed:
+        if r["backend"] != "synthetic" and key(r) in synthetic:
+            ratios.setdefault(r["row"], []).append(r["img_s"] / synthetic[key(r)])
     return {n: {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "rounds": len(v)} for n, v in ratios.items()}
 
 
@@ -529,16 +525,17 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                 for mode in (modes if not name.startswith("warm-up") else ["none"])
                 for stream in (streams if cfg["backend"] in ("synthetic", "dali-gpu") and not name.startswith("warm-up")
                                and device.type == "cuda" else ["default"])]
-        rounds = args.train_rounds
-        runs = [run for run in runs if run[0].startswith("warm-up")] + [
-            (f"{name} (round {k + 1})" if rounds > 1 else name, cfg, mode, stream)
-            for k in range(rounds) for name, cfg, mode, stream in runs if not name.startswith("warm-up")]
-        for base_name, cfg, mode, stream in runs:
+        # (round None: the untimed warm-up row, run once before the rounds)
+        runs = [(*run, None) for run in runs if run[0].startswith("warm-up")] + [
+            (*run, k + 1) for k in range(args.train_rounds) for run in runs if not run[0].startswith("warm-up")]
+        for base_name, cfg, mode, stream, rnd in runs:
             if cfg["backend"] == "dali-gpu" and device.type != "cuda":
                 continue
-            name = base_name + (" [device sync every step]" if mode == "step" else "") + (
+            row_name = base_name + (" [device sync every step]" if mode == "step" else "") + (
                 " [model on a high-priority stream]" if stream == "high" else "")
-            row = {"name": name, "backend": cfg["backend"], "threads": cfg["workers"], "model_stream": stream}
+            name = f"{row_name} (round {rnd})" if args.train_rounds > 1 and rnd else row_name
+            row = {"name": name, "row": row_name, "backend": cfg["backend"], "threads": cfg["workers"],
+                   "model_stream": stream, **({"round": rnd} if rnd else {})}
             try:
                 model = torchvision.models.get_model(args.arch, num_classes=source.num_classes)
                 model = model.to(device).to(memory_format=torch.channels_last)

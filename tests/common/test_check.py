@@ -204,26 +204,25 @@ def test_jpeg_walk_refuses_a_scan_the_cpu_decoder_cannot_decode():
     undefined table, refused by the fast pass as a scan naming a component the frame lacks is (both
     stop libjpeg-turbo; the GPU decoder was seen to let each through)."""
     import io
-    import struct
 
     from PIL import Image
 
     from crossdali.common.check.images import inspect_image
+    from tests.conformance.corpus import header_segments, patched
 
     buf = io.BytesIO()
     Image.new("RGB", (37, 23), color=(90, 20, 200)).save(buf, "JPEG", quality=80)
     data = buf.getvalue()
-    segments, pos = {}, 2
-    while data[pos + 1] != 0xDA:  # marker -> its segments, in file order
-        length = struct.unpack(">H", data[pos + 2: pos + 4])[0]
-        segments.setdefault(data[pos + 1], []).append(data[pos: pos + 2 + length])
-        pos += 2 + length
-    head = b"".join(s for m, seg in segments.items() if m not in (0xC0, 0xDB) for s in seg)
-    sof, dqt = b"".join(segments[0xC0]), b"".join(segments[0xDB])
-    assert inspect_image(data[:2] + head + sof + dqt + data[pos:], extension=".jpg").problems == []
-    problems = inspect_image(data[:2] + head + sof + data[pos:], extension=".jpg").problems
+    *header, (_, scan, _) = header_segments(data)
+
+    def joined(keep) -> bytes:  # the header segments whose marker ``keep`` accepts, in file order
+        return b"".join(data[a:b] for m, a, b in header if keep(m))
+
+    sof, dqt = joined(lambda m: m == 0xC0), joined(lambda m: m == 0xDB)
+    rest = joined(lambda m: m not in (0xC0, 0xDB))
+    assert inspect_image(data[:2] + rest + sof + dqt + data[scan:], extension=".jpg").problems == []
+    problems = inspect_image(data[:2] + rest + sof + data[scan:], extension=".jpg").problems
     assert [code for code, _ in problems] == ["corrupt"]
     assert "quantization table 0 for component 1" in problems[0][1] and "re-encode" in problems[0][1]
-    scan = data[pos:pos + 5] + b"\x09" + data[pos + 6:]  # the scan's first component selector: 1 -> 9
-    problems = inspect_image(data[:pos] + scan, extension=".jpg").problems
+    problems = inspect_image(patched(data, 0xDA, 1, 9), extension=".jpg").problems  # scan component 1 -> 9
     assert [code for code, _ in problems] == ["corrupt"] and "names component 9" in problems[0][1]

@@ -33,31 +33,33 @@ def _sos_end(jpeg: bytes) -> int:
     return i + 2 + struct.unpack(">H", jpeg[i + 2: i + 4])[0]
 
 
+def header_segments(jpeg: bytes) -> list[tuple[int, int, int]]:
+    """``(marker, start, end)`` of every segment from after SOI through the first SOS (its header),
+    ``start`` at the segment's 0xFF: what the damaged cases below cut or patch."""
+    out, pos = [], 2
+    while True:
+        marker, length = jpeg[pos + 1], struct.unpack(">H", jpeg[pos + 2: pos + 4])[0]
+        out.append((marker, pos, pos + 2 + length))
+        if marker == 0xDA:
+            return out
+        pos += 2 + length
+
+
 def _without_dqt(jpeg: bytes) -> bytes:
     """A JPEG with no quantisation table: libjpeg-turbo refuses it, and so does the fast pass's
     marker walk (a GPU full pass let one through in a test session on the H100)."""
-    out, pos = bytearray(jpeg[:2]), 2
-    while True:
-        marker, length = jpeg[pos + 1], struct.unpack(">H", jpeg[pos + 2: pos + 4])[0]
-        if marker == 0xDA:
-            return bytes(out + jpeg[pos:])
-        if marker != 0xDB:
-            out += jpeg[pos: pos + 2 + length]
-        pos += 2 + length
+    kept = b"".join(jpeg[a:b] for m, a, b in header_segments(jpeg)[:-1] if m != 0xDB)
+    return jpeg[:2] + kept + jpeg[header_segments(jpeg)[-1][1]:]
 
 
 def patched(jpeg: bytes, marker: int, offset: int, value: int) -> bytes:
     """``jpeg`` with byte ``offset`` of the first ``marker`` segment's payload set to ``value``."""
-    pos = 2
-    while True:
-        m, length = jpeg[pos + 1], struct.unpack(">H", jpeg[pos + 2: pos + 4])[0]
-        if m == marker:
-            out = bytearray(jpeg)
-            out[pos + 4 + offset] = value
-            return bytes(out)
-        if m == 0xDA:
-            raise ValueError(f"no 0xFF{marker:02X} segment before the scan")
-        pos += 2 + length
+    start = next((a for m, a, _ in header_segments(jpeg) if m == marker), None)
+    if start is None:
+        raise ValueError(f"no 0xFF{marker:02X} segment before the scan")
+    out = bytearray(jpeg)
+    out[start + 4 + offset] = value
+    return bytes(out)
 
 
 def _bogus_huffman_table(jpeg: bytes) -> bytes:

@@ -304,7 +304,7 @@ def _failure_text(error: str, lines: list[str]) -> str:
     text = describe_dali_error(error)
     if re.fullmatch(r"Failed to decode sample #\d+\s*:?", text):
         text = "DALI's decoder failed"
-    said = list(dict.fromkeys(_clean(line) for line in lines))[-3:]
+    said = list(dict.fromkeys(lines))[-3:]  # already cleaned by PrintedLines
     return f"{text} ({'; '.join(said)})" if said else text
 
 
