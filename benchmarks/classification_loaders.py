@@ -10,9 +10,12 @@ Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from r
   epochs are timed until at least 2 epochs and ``--min-seconds`` (5 s) have passed.
 - train: a training step (--arch, default ResNet-50; AMP on the GPU, channels-last) fed by the backend; images/s,
   the share of the step spent waiting for data and that wait per step (median, p90, max, every step's).
-  ``synthetic`` is the upper bound. Each row runs twice (``--train-sync``): with the host free to run
-  ahead of the GPU, and with a device sync after every batch fetch (as a loop reading ``loss.item()``
-  every step does), which shows what the per-step sync costs each backend.
+  ``synthetic`` is the upper bound. Each row runs twice (``--train-sync``): without and with a device
+  sync after every batch fetch (as a loop reading ``loss.item()`` every step does), which shows what
+  the per-step sync costs each backend; ``--train-loop`` picks how the step meets the host (plain SGD,
+  whose GradScaler waits for the device every step; fused SGD, with which the host runs ahead; fused
+  SGD with the next batch fetched before the loss is read); ``--train-profile-steps`` adds the GPU
+  time per step of the model's stream and of DALI's from torch.profiler.
 
 Configurations: torchvision ImageFolder + PIL, torchvision decode_image + v2 (crossdali's
 ``native``), torchvision's batched ``decode_jpeg`` on the GPU + the same v2 preset there, SPDL
@@ -73,6 +76,15 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--train-sync", default="none,step",
                         help="per training row: 'none' (the host runs ahead; the loss is never read) and/or 'step' "
                              "(wait for the device after fetching every batch, as a loop reading loss.item() does)")
+    parser.add_argument("--train-loop", default="scaler",
+                        help="per synthetic and data training row, comma-separated: 'scaler' (plain SGD; GradScaler "
+                             "waits for the device every step), 'fused' (fused SGD: the host runs ahead), 'lookahead' "
+                             "(fused SGD, the loss read every step, the next batch fetched before that read)")
+    parser.add_argument("--train-prefetch", default="2",
+                        help="DALI's prefetch_queue_depth for the DALI training rows, comma-separated (one row each)")
+    parser.add_argument("--train-profile-steps", type=int, default=0,
+                        help="after each training row's timed steps, this many more under torch.profiler: GPU time "
+                             "per step by CUDA stream (the model's and DALI's) in the row's gpu_time (CUDA only)")
     parser.add_argument("--train-stream", default="default",
                         help="per synthetic and dali-gpu training row: 'default' (the model on PyTorch's default "
                              "stream) and/or 'high' (on a stream of the highest priority, so DALI's kernels, on "
@@ -326,31 +338,48 @@ def _engine_text(load: dict | None) -> str:
     return "".join(f"  {name} {load[name]:.0f} %" for name in ("sm", "dec", "jpg") if name in load)
 
 
+#: ``--train-loop`` choices: how the training step meets the host (what each costs a data row is the question)
+TRAIN_LOOPS = {
+    # plain SGD: GradScaler.step reads the found-inf flag on the host every step, so the host waits for
+    # the GPU and the next batch is fetched while the GPU idles (torchvision's reference loop; crossdali's trainer)
+    "scaler": "",
+    # SGD(fused=True): GradScaler hands the flag to the fused kernel and nothing reads the device, so the
+    # host runs ahead of the GPU and fetches batches while it computes
+    "fused": " [fused SGD]",
+    # fused SGD, the loss read on the host every step (as a trainer logging it does), the next batch
+    # fetched before that read: the fetch overlaps the step on the GPU
+    "lookahead": " [fused SGD, next batch fetched before the loss is read]",
+}
+
+
 def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10, *,
-                 sync_each_step: bool = False) -> dict:
+                 sync_each_step: bool = False, lookahead: bool = False, profile_steps: int = 0) -> dict:
     """``steps`` training steps after ``warmup`` untimed ones; the data wait of every step.
 
-    The wait is the time the loop spends getting the next batch onto the device. Without
-    ``sync_each_step`` nothing else stops the host, so it runs ahead of the GPU as a training loop
-    that reads its loss every N steps does, and a wait is a real stall. ``sync_each_step`` waits for
-    the device after fetching every batch (what a loop that calls ``loss.item()`` every step does):
-    the GPU then idles while the host fetches the batch and launches the first kernels of the step,
-    which costs more the longer the host takes (issue 14 asks where the last 8 % goes)."""
+    The wait is the time the loop spends getting the next batch onto the device. Whether the host
+    runs ahead of the GPU depends on the optimizer (``TRAIN_LOOPS``): with plain SGD, GradScaler
+    waits for the device every step. ``sync_each_step`` also waits for the device after fetching every
+    batch (what a loop that calls ``loss.item()`` right after the fetch does): the GPU then idles while
+    the host fetches the batch and launches the first kernels of the step, which costs more the longer
+    the host takes. ``lookahead`` fetches step k+1's batch after launching step k and before reading
+    step k's loss (``loss.item()`` every step): that fetch is the step's data wait, overlapped with
+    the GPU's work. ``profile_steps`` more steps run under ``torch.profiler`` after the timed ones
+    (``_kernel_time``)."""
     model.train()
     it = iter(_forever(loader))
     waits: list[float] = []
     n, start = 0, None
-    for step in range(warmup + steps):
-        if step == warmup:
-            sync(device)
-            waits, n, start = [], 0, time.perf_counter()
+    ahead = next(it) if lookahead else None
+
+    def step_once() -> int:
+        nonlocal ahead
         t0 = time.perf_counter()
-        images, labels = next(it)
+        images, labels = ahead if lookahead else next(it)
         images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
         labels = labels.to(device, non_blocking=True)
         if sync_each_step:
             sync(device)  # the wait then includes the host-to-device copy
-        waits.append(time.perf_counter() - t0)
+        wait = time.perf_counter() - t0
         # AMP on the GPU only: this measures GPU training; CPU autocast (bfloat16) is emulated and slow
         # on CPUs without AVX-512/AMX bfloat16 instructions
         with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
@@ -359,21 +388,73 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-        n += images.shape[0]
+        if lookahead:
+            t1 = time.perf_counter()
+            ahead = next(it)
+            wait += time.perf_counter() - t1
+            loss.item()
+        waits.append(wait)
+        return images.shape[0]
+
+    for step in range(warmup + steps):
+        if step == warmup:
+            sync(device)
+            waits, n, start = [], 0, time.perf_counter()
+        n += step_once()
     sync(device)
     elapsed = time.perf_counter() - start
     ms = sorted(1000 * w for w in waits)
-    return {"img_s": n / elapsed, "data_wait_share": sum(waits) / elapsed, "steps": steps,
-            "sync_each_step": sync_each_step, "step_ms": 1000 * elapsed / steps,
-            "data_wait_ms": {"median": ms[len(ms) // 2], "p90": ms[int(0.9 * (len(ms) - 1))], "max": ms[-1]},
-            "data_wait_ms_per_step": [round(1000 * w, 3) for w in waits]}
+    row = {"img_s": n / elapsed, "data_wait_share": sum(waits) / elapsed, "steps": steps,
+           "sync_each_step": sync_each_step, "step_ms": 1000 * elapsed / steps,
+           "data_wait_ms": {"median": ms[len(ms) // 2], "p90": ms[int(0.9 * (len(ms) - 1))], "max": ms[-1]},
+           "data_wait_ms_per_step": [round(1000 * w, 3) for w in waits]}
+    if profile_steps > 0 and device.type == "cuda":
+        row["gpu_time"] = _kernel_time(lambda: [step_once() for _ in range(profile_steps)], profile_steps)
+    return row
+
+
+def _kernel_time(run, steps: int) -> dict:
+    """GPU time per step of ``run()``'s ``steps`` steps by CUDA stream, from torch.profiler's CUDA
+    activity (CUPTI sees every kernel and copy of the process, DALI's included): the stream with the
+    most time is the model's (labelled so, an inference from the numbers); the others' top kernels name
+    what DALI spent the SMs on. Issue 14: DALI's GPU work, done beside the model, is added to the step
+    when the model keeps the SMs busy."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    streams: dict[str, dict] = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        s = streams.setdefault(str(e.get("args", {}).get("stream", "?")), {"us": 0.0, "kernels": {}})
+        s["us"] += e.get("dur", 0.0)
+        name = e.get("name", "?")[:120]
+        s["kernels"][name] = s["kernels"].get(name, 0.0) + e.get("dur", 0.0)
+    model = max(streams, key=lambda k: streams[k]["us"]) if streams else None
+    out = {"steps": steps, "model_stream": model, "by_stream": {}}
+    for sid, s in sorted(streams.items(), key=lambda kv: -kv[1]["us"]):
+        top = sorted(s["kernels"].items(), key=lambda kv: -kv[1])[:6]
+        out["by_stream"][sid] = {"ms_per_step": s["us"] / 1000 / steps,
+                                 "top": [{"name": k, "ms_per_step": us / 1000 / steps} for k, us in top]}
+    out["model_ms_per_step"] = out["by_stream"][model]["ms_per_step"] if model else 0.0
+    out["other_ms_per_step"] = sum(v["ms_per_step"] for k, v in out["by_stream"].items() if k != model)
+    return out
 
 
 def _train_ratios(train: list[dict]) -> dict:
-    """Each training row's images/s over the synthetic row's of the same round, sync mode and stream
-    (mean, min, max over the rounds), by the row's name without its round (``row``)."""
+    """Each training row's images/s over the synthetic row's of the same round, sync mode, stream and
+    loop (mean, min, max over the rounds), by the row's name without its round (``row``)."""
     def key(r: dict) -> tuple:
-        return r["round"], r["sync_each_step"], r["model_stream"]
+        return r["round"], r["sync_each_step"], r["model_stream"], r.get("loop", "scaler")
 
     timed = [r for r in train if "img_s" in r and "round" in r]  # the warm-up row has no round
     synthetic = {key(r): r["img_s"] for r in timed if r["backend"] == "synthetic"}
@@ -521,25 +602,42 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         streams = [m.strip() for m in args.train_stream.split(",") if m.strip()]
         if not streams or set(streams) - {"default", "high"}:
             raise usage_error(f"--train-stream {args.train_stream!r}: give 'default', 'high' or 'default,high'")
-        runs = [(name, cfg, mode, stream) for name, cfg in train_configs
-                for mode in (modes if not name.startswith("warm-up") else ["none"])
-                for stream in (streams if cfg["backend"] in ("synthetic", "dali-gpu") and not name.startswith("warm-up")
+        loops = [m.strip() for m in args.train_loop.split(",") if m.strip()]
+        if not loops or set(loops) - set(TRAIN_LOOPS):
+            raise usage_error(f"--train-loop {args.train_loop!r}: give some of {', '.join(TRAIN_LOOPS)}")
+        if args.train_profile_steps < 0:
+            raise usage_error(f"--train-profile-steps {args.train_profile_steps}: give 0 or more")
+        try:
+            depths = [int(x) for x in args.train_prefetch.split(",") if x.strip()]
+        except ValueError:
+            depths = []
+        if not depths or min(depths) < 1:
+            raise usage_error(f"--train-prefetch {args.train_prefetch!r}: give positive integers, e.g. 2,4")
+        warm = lambda name: name.startswith("warm-up")  # noqa: E731
+        dali = lambda cfg: cfg["backend"].startswith("dali")  # noqa: E731
+        train_configs = [(n + (f" [prefetch {d}]" if d not in (None, 2) else ""), {**c, "prefetch_queue_depth": d} if d else c)
+                         for n, c in train_configs for d in (depths if dali(c) and not warm(n) else [None])]
+        runs = [(name, cfg, mode, stream, loop) for name, cfg in train_configs
+                for loop in (loops if not warm(name) else ["scaler"])
+                for mode in (modes if not warm(name) else ["none"])
+                for stream in (streams if cfg["backend"] in ("synthetic", "dali-gpu") and not warm(name)
                                and device.type == "cuda" else ["default"])]
         # (round None: the untimed warm-up row, run once before the rounds)
-        runs = [(*run, None) for run in runs if run[0].startswith("warm-up")] + [
-            (*run, k + 1) for k in range(args.train_rounds) for run in runs if not run[0].startswith("warm-up")]
-        for base_name, cfg, mode, stream, rnd in runs:
+        runs = [(*run, None) for run in runs if warm(run[0])] + [
+            (*run, k + 1) for k in range(args.train_rounds) for run in runs if not warm(run[0])]
+        for base_name, cfg, mode, stream, loop, rnd in runs:
             if cfg["backend"] == "dali-gpu" and device.type != "cuda":
                 continue
-            row_name = base_name + (" [device sync every step]" if mode == "step" else "") + (
+            row_name = base_name + TRAIN_LOOPS[loop] + (" [device sync every step]" if mode == "step" else "") + (
                 " [model on a high-priority stream]" if stream == "high" else "")
             name = f"{row_name} (round {rnd})" if args.train_rounds > 1 and rnd else row_name
             row = {"name": name, "row": row_name, "backend": cfg["backend"], "threads": cfg["workers"],
-                   "model_stream": stream, **({"round": rnd} if rnd else {})}
+                   "prefetch_queue_depth": cfg.get("prefetch_queue_depth"), "model_stream": stream, "loop": loop,
+                   **({"round": rnd} if rnd else {})}
             try:
                 model = torchvision.models.get_model(args.arch, num_classes=source.num_classes)
                 model = model.to(device).to(memory_format=torch.channels_last)
-                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=loop != "scaler")
                 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
                 loader = create_classification_loader(source, **common, **cfg, device_id=0,
                                                       last_batch=args.train_last_batch)
@@ -550,11 +648,16 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                     else contextlib.nullcontext()
                 with on_stream:
                     row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps,
-                                            args.train_warmup, sync_each_step=mode == "step"))
+                                            args.train_warmup, sync_each_step=mode == "step",
+                                            lookahead=loop == "lookahead", profile_steps=args.train_profile_steps))
                 row["engine_load"] = load.mean(start, time.perf_counter())
                 print(f"train {name:46s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.1f} % "
                       f"(median {row['data_wait_ms']['median']:.2f} ms/step){_engine_text(row['engine_load'])}",
                       flush=True)
+                if "gpu_time" in row:
+                    g = row["gpu_time"]
+                    print(f"      GPU ms/step: busiest stream (the model's) {g['model_ms_per_step']:.2f}, "
+                          f"other streams {g['other_ms_per_step']:.2f}", flush=True)
                 del loader, model, optimizer
             except Exception as e:  # reported in the JSON
                 row["error"] = f"{type(e).__name__}: {e}"

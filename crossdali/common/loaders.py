@@ -83,11 +83,12 @@ class SplitPlan:
 
     def pipeline_options(self, *, workers: int = 4, seed: int = 0, device_id: int | None = None,
                          hw_decoder_load: float = 1.0, checkpointing: bool = True,
-                         checkpoint: bytes | None = None) -> PipelineOptions:
+                         checkpoint: bytes | None = None, prefetch_queue_depth: int = 2) -> PipelineOptions:
         """``PipelineOptions`` for this split's DALI backend (see ``crossdali.common.options.pipeline_options``)."""
         return pipeline_options(self.backend, batch_size=self.batch_size, dist=self.dist, device_id=device_id,
                                 workers=workers, seed=seed, hw_decoder_load=hw_decoder_load,
-                                checkpointing=checkpointing, checkpoint=checkpoint)
+                                checkpointing=checkpointing, checkpoint=checkpoint,
+                                prefetch_queue_depth=prefetch_queue_depth)
 
 
 def prepare_split(

@@ -97,10 +97,11 @@ def check_backend(backend: str, backends: tuple[str, ...], *, what: str = "data 
 
 def pipeline_options(backend: str, *, batch_size: int, dist: DistInfo | None = None, device_id: int | None = None,
                      workers: int = 4, seed: int = 0, hw_decoder_load: float = 1.0,
-                     checkpointing: bool = True, checkpoint: bytes | None = None) -> PipelineOptions:
+                     checkpointing: bool = True, checkpoint: bytes | None = None,
+                     prefetch_queue_depth: int = 2) -> PipelineOptions:
     """``PipelineOptions`` for a DALI backend: ``dali-gpu`` runs on ``device_id`` (default: the local
     rank's GPU), ``dali-cpu`` on the CPU with no CUDA context; shard = global rank; ``workers`` is
-    DALI's CPU thread count (at least 1)."""
+    DALI's CPU thread count (at least 1); ``prefetch_queue_depth`` the batches DALI prepares ahead."""
     check_backend(backend, DALI_BACKENDS)
     dist = dist or DistInfo()
     gpu = backend == "dali-gpu"
@@ -108,7 +109,8 @@ def pipeline_options(backend: str, *, batch_size: int, dist: DistInfo | None = N
         batch_size=batch_size, device="gpu" if gpu else "cpu",
         device_id=(device_id if device_id is not None else dist.local_rank) if gpu else None,
         num_threads=max(1, workers), seed=seed, shard_id=dist.rank, num_shards=dist.world_size,
-        hw_decoder_load=hw_decoder_load, checkpointing=checkpointing, checkpoint=checkpoint)
+        hw_decoder_load=hw_decoder_load, checkpointing=checkpointing, checkpoint=checkpoint,
+        prefetch_queue_depth=prefetch_queue_depth)
 
 
 def sub_shard_options(options: PipelineOptions, pipelines: int) -> list[PipelineOptions]:

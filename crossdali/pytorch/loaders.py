@@ -194,6 +194,7 @@ def create_classification_loader(
     last_batch: str | None = None,
     checkpointing: bool = True,
     pipelines: int = 1,
+    prefetch_queue_depth: int = 2,
 ):
     """An iterable of ``(images, labels)`` for the train or val split of ``data``.
 
@@ -205,7 +206,9 @@ def create_classification_loader(
     lets ``state_dict()`` save DALI's position inside an epoch (mid-epoch resume). ``pipelines``
     (DALI backends): this rank's shard split over that many pipelines merged into each batch, as in
     ``crossdali.pytorch.create_video_loader``; an experiment for the hardware JPEG decoder's share of
-    the work, measured only by ``benchmarks/classification_loaders.py`` so far.
+    the work, measured only by ``benchmarks/classification_loaders.py`` so far. ``prefetch_queue_depth``
+    (DALI backends): batches DALI prepares ahead of the one in use (DALI's default, 2); it never
+    changes the batches, only how much jitter in DALI's speed the queue absorbs.
     The result implements ``crossdali.common.loaders.Loader``.
     """
     if pipelines != 1 and backend not in ("dali-gpu", "dali-cpu"):
@@ -241,7 +244,7 @@ def create_classification_loader(
 
     require_cuda(backend)
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
-                                    checkpointing=checkpointing)
+                                    checkpointing=checkpointing, prefetch_queue_depth=prefetch_queue_depth)
     return DALILoader(plan, options,
                       lambda opts: create_classification_pipeline(source, train=train, options=opts, transform=transform),
                       names=("images", "labels"), reader_name=READER_NAME,
