@@ -50,6 +50,7 @@ import torch
 from benchmarks import usage_error
 from benchmarks.engine_load import EngineLoad
 from benchmarks.loader_rows import environment, sync, time_epochs, write_report
+from crossdali.common.cuda_queues import QUEUES, VARIABLE
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 from crossdali.pytorch import create_classification_loader
@@ -103,6 +104,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="DALI threads for the dali-gpu training rows (the other backends use --workers)")
     parser.add_argument("--arch", default="resnet50", help="torchvision model trained in the training rows")
     parser.add_argument("--crop-size", type=int, default=224, help="random-resized-crop size of every row")
+    parser.add_argument("--cuda-queues", default=str(QUEUES), metavar="N|unset",
+                        help="CUDA_DEVICE_MAX_CONNECTIONS for this process unless the environment sets it (default "
+                             f"{QUEUES}, what crossdali's training scripts set; 'unset' leaves CUDA's 8): DALI's streams "
+                             "and the model's share these hardware queues (crossdali.common.cuda_queues)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script on a CPU-only machine: tiny set, CPU backends, 2 steps")
     return parser
@@ -471,6 +476,10 @@ def _forever(loader):
 
 
 def main(args: argparse.Namespace) -> dict:
+    if args.cuda_queues != "unset":  # before anything starts CUDA: it reads the variable once
+        if not args.cuda_queues.isdigit() or not 1 <= int(args.cuda_queues) <= 32:
+            raise usage_error(f"--cuda-queues {args.cuda_queues!r}: give 1 to 32, or 'unset'")
+        os.environ.setdefault(VARIABLE, args.cuda_queues)
     if args.smoke:
         # only checks that the script runs: a tiny model at 64 px in float32, since a 2-core CPU without
         # bfloat16 instructions trains ResNet-50 at 224 px under autocast at well under 1 image/s

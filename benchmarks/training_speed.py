@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import usage_error
 from benchmarks.plot import backend_color, bar_png
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--sample-size", default="bench")
     parser.add_argument("--workers", type=int, default=None, help="DALI threads / loader workers (default: cores - 1)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per row")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the rows this many times, interleaved (synthetic, dali-gpu, ..., then again): each "
+                             "backend's share of synthetic per round, with the spread, in share_of_synthetic_rounds")
     parser.add_argument("--no-amp", dest="amp", action="store_false", help="float32 instead of mixed precision")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script on a CPU-only machine: tiny set, small model, crop 64, float32, dali-cpu")
@@ -74,15 +78,16 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
             "data_wait_ms_per_step": [round(1000 * r["data_wait_s"], 3) for r in steps]}
 
 
-def run_row(backend: str, args: argparse.Namespace, work: Path) -> dict:
-    run_dir = work / backend
+def run_row(backend: str, args: argparse.Namespace, work: Path, *, round_: int | None = None) -> dict:
+    run_dir = work / (backend if round_ is None else f"{backend}-round{round_}")
     cmd = [sys.executable, "-m", SCRIPTS[args.framework], "--sample-size", args.sample_size, "--arch", args.arch,
            "-b", str(args.batch_size), "--crop-size", str(args.crop_size), "--epochs", str(args.epochs),
            "--data-backend", backend, "-j", str(args.workers), "--output-dir", str(run_dir), "--print-freq", "0",
            "--skip-check", *(["--amp"] if args.amp else [])]
     if args.framework == "pytorch" and args.amp:
         cmd.append("--channels-last")
-    row = {"backend": backend, "command": " ".join(cmd[1:])}
+    row = {"backend": backend, **({"round": round_} if round_ is not None else {}), "run": run_dir.name,
+           "command": " ".join(cmd[1:])}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     try:
@@ -90,16 +95,27 @@ def run_row(backend: str, args: argparse.Namespace, work: Path) -> dict:
     except subprocess.TimeoutExpired:
         return row | {"error": f"timed out after {args.timeout} s"}
     row["wall_s"] = time.perf_counter() - start
-    (work / f"{backend}.log").write_text(proc.stdout + proc.stderr)
+    (work / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         return row | {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"}
     return row | steady_state(run_dir / "metrics.jsonl")
 
 
+def _round_shares(rows: list[dict]) -> dict:
+    """Each backend's images/s over synthetic's of the same round: mean, min, max over the rounds."""
+    synthetic = {r["round"]: r["img_s"] for r in rows if r["backend"] == "synthetic" and "img_s" in r}
+    shares: dict[str, list[float]] = {}
+    for r in rows:
+        if r["backend"] != "synthetic" and "img_s" in r and r["round"] in synthetic:
+            shares.setdefault(r["backend"], []).append(r["img_s"] / synthetic[r["round"]])
+    return {b: {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "rounds": len(v)} for b, v in shares.items()}
+
+
 def plot(report: dict, png: Path) -> Path | None:
     rows = [r for r in report["rows"] if "img_s" in r]
     return bar_png(
-        png, [r["backend"] for r in rows], [r["img_s"] for r in rows], headroom=1.5,
+        png, [r["backend"] + (f" (round {r['round']})" if "round" in r else "") for r in rows],
+        [r["img_s"] for r in rows], headroom=1.5,
         colors=[backend_color(r["backend"]) for r in rows],
         labels=[f"{r['img_s']:,.0f} img/s, data wait {100 * r['data_wait_share']:.0f} %" for r in rows],
         xlabel="training images/s after the warm-up epoch (higher is better)",
@@ -134,23 +150,32 @@ def main(args: argparse.Namespace) -> dict:
               "framework": args.framework, "device": _device(), "cpu_count": os.cpu_count(),
               "python": platform.python_version(), "arch": args.arch, "amp": args.amp, "batch_size": args.batch_size,
               "crop_size": args.crop_size, "sample_size": args.sample_size, "workers": args.workers,
-              "timing": f"{args.epochs} epochs per row; the steps of epochs 2-{args.epochs} are timed", "rows": []}
+              "timing": f"{args.epochs} epochs per row; the steps of epochs 2-{args.epochs} are timed", "rows": [],
+              "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+    if args.rounds < 1:
+        raise usage_error(f"--rounds {args.rounds}: give 1 or more")
     with tempfile.TemporaryDirectory(prefix="training-speed-") as tmp:
-        for backend in [b for b in args.backends.split(",") if b]:
-            row = run_row(backend, args, Path(tmp))
-            report["rows"].append(row)
-            if "error" in row:
-                print(f"{backend:10s} FAILED: {row['error']}", flush=True)
-                log = Path(tmp) / f"{backend}.log"
-                if log.exists():  # the failing run's log is kept beside the JSON
-                    shutil.copy(log, args.out / f"training_speed_{args.framework}_{backend}.log")
-            else:
-                print(f"{backend:10s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:4.1f} %  "
-                      f"median step {row['median_step_ms']:.1f} ms", flush=True)
-            path.write_text(json.dumps(report, indent=2) + "\n")
-    rates = {r["backend"]: r["img_s"] for r in report["rows"] if "img_s" in r}
+        for k in range(args.rounds):
+            for backend in [b for b in args.backends.split(",") if b]:
+                row = run_row(backend, args, Path(tmp), round_=k + 1 if args.rounds > 1 else None)
+                report["rows"].append(row)
+                name = backend + (f" (round {k + 1})" if args.rounds > 1 else "")
+                if "error" in row:
+                    print(f"{name:20s} FAILED: {row['error']}", flush=True)
+                    log = Path(tmp) / f"{row['run']}.log"
+                    if log.exists():  # the failing run's log is kept beside the JSON
+                        shutil.copy(log, args.out / f"training_speed_{args.framework}_{log.stem}.log")
+                else:
+                    print(f"{name:20s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:4.1f} %  "
+                          f"median step {row['median_step_ms']:.1f} ms", flush=True)
+                path.write_text(json.dumps(report, indent=2) + "\n")
+    rates = {r["backend"]: r["img_s"] for r in report["rows"] if "img_s" in r and r.get("round", 1) == 1}
     if "synthetic" in rates:
         report["share_of_synthetic"] = {b: v / rates["synthetic"] for b, v in rates.items()}
+    if args.rounds > 1:
+        report["share_of_synthetic_rounds"] = _round_shares(report["rows"])
+        for b, r in report["share_of_synthetic_rounds"].items():
+            print(f"{b}: {100 * r['mean']:.1f} % of synthetic (rounds {100 * r['min']:.1f}-{100 * r['max']:.1f} %)")
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}" + (f" and {png}" if (png := plot(report, path.with_suffix(".png"))) else ""))
     return report

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
+from crossdali.common.cuda_queues import queues_hint
 from crossdali.common.dali_loader import DALIIteratorLoader
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy
@@ -46,7 +47,17 @@ def require_cuda(backend: str, hint: str = "use dali-cpu") -> None:
 class DALILoader(DALIIteratorLoader):
     """DALI's PyTorch iterator over one of the shared pipelines (``crossdali.common.dali_loader``):
     plain tuples of torch tensors, epochs, padding-only batches skipped, errors naming the file,
-    ``state_dict`` with DALI's checkpoint for a bit-exact mid-epoch resume."""
+    ``state_dict`` with DALI's checkpoint for a bit-exact mid-epoch resume. On the GPU, a process that
+    left ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is told once how to keep DALI from falling behind the
+    model (``crossdali.common.cuda_queues``)."""
+
+    _hinted = False  # the queues hint, once per process
+
+    def __init__(self, plan, options, build, **kwargs) -> None:
+        super().__init__(plan, options, build, **kwargs)
+        if options.device == "gpu" and not DALILoader._hinted and (hint := queues_hint()):
+            DALILoader._hinted = True
+            log.warning(hint)
 
     def _new_iterator(self, pipeline):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator  # defer: DALI's torch plugin

@@ -37,6 +37,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from crossdali.common.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
+from crossdali.common.cuda_queues import share_gpu_with_dali
 from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
 from crossdali.common.metrics import MetricsWriter, topk_for
 from crossdali.common.progress import EpochProgress
@@ -63,9 +65,13 @@ _FORMAT = "crossdali.pytorch.training/1"
 @contextmanager
 def training_session(*, engine: str, debug: bool = False) -> Iterator[tuple[Runtime, StopRequest]]:
     """The process group (``--engine``), logging (INFO on rank 0), and SIGTERM/SIGINT turned into a
-    graceful stop, undone at the end whatever happens."""
+    graceful stop, undone at the end whatever happens. First of all, before CUDA starts: a hardware
+    queue for each of DALI's streams (``crossdali.common.cuda_queues``)."""
+    queues = share_gpu_with_dali()
     runtime = init_distributed(engine=engine)
     configure_logging(is_main=runtime.dist.is_main, debug=debug)
+    if runtime.device.type == "cuda":
+        log.info("%s=%s (CUDA hardware queues: DALI's streams beside the model's)", CUDA_QUEUES_VARIABLE, queues)
     stop = StopRequest(announce=runtime.dist.is_main).install()
     try:
         yield runtime, stop
@@ -118,11 +124,17 @@ def scaled_lr(lr: float, *, batch_size: int, world_size: int, reference_batch: i
 
 def create_optimizer(name: str, params: Iterable, *, lr: float, momentum: float = 0.9,
                      weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """``sgd`` (with momentum) or ``adamw`` by name (``--opt``)."""
+    """``sgd`` (with momentum) or ``adamw`` by name (``--opt``); PyTorch's fused implementation when
+    the parameters are on a CUDA GPU: with it, ``GradScaler`` hands the inf/NaN check to the optimizer's
+    kernel instead of reading it on the host every step, so the host is not held back by the GPU
+    (measured on an H100, ResNet-50 AMP: 4,100 -> 4,950 images/s on synthetic data,
+    results/classification/train_loop_2026-11-26.json, loops "scaler" and "fused")."""
+    params = list(params)
+    fused = bool(params) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in params)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=fused or None)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
     raise UsageError(f"--opt must be sgd or adamw, got {name!r}")
 
 
@@ -494,10 +506,30 @@ class Checkpointer:
                                  f"{key}={self.meta[key]!r}: pass the same --arch and data")
 
 
+@dataclass
+class _Step:
+    """A finished step whose loss the host has not read yet (``StepTracker``)."""
+
+    loss: torch.Tensor
+    samples: int
+    epoch: int
+    step: int
+    lr: float
+    wait: float
+    seconds: float
+
+
 class StepTracker:
     """What happens around every training step, the same in every script: data wait and step
     time, the ``step`` metrics record, the progress bar or line, ``checkpoint_last`` every
-    ``checkpoint_every`` steps, and the graceful stop (``StopRequest``) after a step."""
+    ``checkpoint_every`` steps, and the graceful stop (``StopRequest``) after a step.
+
+    A step's loss is read on the host one step late: reading it waits for the GPU to finish that
+    step, and by then the next step is already queued behind it, so the GPU never idles while the
+    host fetches the next batch and launches its kernels (with a fused optimizer nothing else makes
+    the host wait; ``create_optimizer``). The records, sums and progress are the same, one step later;
+    every checkpoint, stop and epoch end reads the pending step first. Step times tile the epoch: a
+    step's time runs from the previous step's end to its own (its last kernel, for the pending one)."""
 
     def __init__(self, state: TrainState, *, runtime: Runtime, checkpointer: Checkpointer, metrics: MetricsWriter,
                  stop: StopRequest, epochs: int, checkpoint_every: int = 0, print_freq: int = 10,
@@ -505,41 +537,68 @@ class StepTracker:
         self.state, self.runtime, self.checkpointer, self.metrics, self.stop = state, runtime, checkpointer, metrics, stop
         self.epochs, self.checkpoint_every, self.print_freq, self.unit = epochs, checkpoint_every, print_freq, unit
         self._progress: EpochProgress | None = None
-        self._t0 = self._wait = self._lr = 0.0
+        self._pending: _Step | None = None
+        self._t0 = self._fetch_t0 = self._wait = self._lr = 0.0
 
     def steps(self, loader: Iterable) -> Iterator:
         """The batches of the epoch in progress (the rest of it, when resumed mid-epoch)."""
         state = self.state
         self._progress = EpochProgress(total=len(loader), initial=state.step, desc=f"epoch {state.epoch + 1}/{self.epochs}",
                                        enabled=self.runtime.dist.is_main, print_freq=self.print_freq, unit=self.unit)
-        self._t0 = time.perf_counter()
+        self._t0 = self._fetch_t0 = time.perf_counter()
         try:
             for batch in loader:
-                self._wait = time.perf_counter() - self._t0
+                self._wait = time.perf_counter() - self._fetch_t0
                 self._lr = state.optimizer.param_groups[0]["lr"]  # the rate this step uses
                 yield batch
+            self._flush()  # the epoch's last step (not when a stop or an error ends the loop early)
         finally:
             self._progress.close()
 
     def step_done(self, loss: torch.Tensor, samples: int) -> None:
-        """After the optimizer (and scheduler) step: book-keeping, then a checkpoint or a stop if due."""
+        """After the optimizer (and scheduler) step: the previous step's book-keeping (its loss is read
+        now, while the GPU runs this one), then a checkpoint or a stop if due."""
         state = self.state
-        value = float(loss.detach())  # waits for the step to finish (GPU): step times are real
-        step_s = time.perf_counter() - self._t0
+        now = time.perf_counter()
         state.step += 1
         state.global_step += 1
-        state.sums["loss"] += value * samples
-        state.sums["samples"] += samples
-        state.sums["data_wait"] += self._wait
-        state.seconds += step_s
-        world = self.runtime.dist.world_size
-        self.metrics.write(event="step", epoch=state.epoch + 1, step=state.step, loss=value, lr=self._lr,
-                           samples=samples * world, step_s=step_s, data_wait_s=self._wait)
-        self._progress.update(loss=value, lr=self._lr, samples=samples * world, step_seconds=step_s,
-                              data_wait_seconds=self._wait)
+        done = _Step(loss=loss.detach(), samples=samples, epoch=state.epoch + 1, step=state.step, lr=self._lr,
+                     wait=self._wait, seconds=now - self._t0)
+        self._t0 = now
+        previous, self._pending = self._pending, done
+        if previous is not None:
+            self._record(previous)
         if self.checkpoint_every and state.global_step % self.checkpoint_every == 0:
+            self._flush()
             self.checkpointer.save(state)
+            self._t0 = time.perf_counter()  # saving is not training time
         self.stop_if_asked()
+        self._fetch_t0 = time.perf_counter()
+
+    def _record(self, step: _Step) -> None:
+        """A step's loss read on the host, added to the epoch's sums, the metrics and the progress."""
+        state = self.state
+        value = float(step.loss)  # waits for that step's kernels only
+        state.sums["loss"] += value * step.samples
+        state.sums["samples"] += step.samples
+        state.sums["data_wait"] += step.wait
+        state.seconds += step.seconds
+        world = self.runtime.dist.world_size
+        self.metrics.write(event="step", epoch=step.epoch, step=step.step, loss=value, lr=step.lr,
+                           samples=step.samples * world, step_s=step.seconds, data_wait_s=step.wait)
+        self._progress.update(loss=value, lr=step.lr, samples=step.samples * world, step_seconds=step.seconds,
+                              data_wait_seconds=step.wait)
+
+    def _flush(self) -> None:
+        """Read the pending step now (before a checkpoint, a stop or the epoch's end): its time runs
+        until its last kernel has finished."""
+        step, self._pending = self._pending, None
+        if step is None:
+            return
+        if step.loss.is_cuda:
+            torch.cuda.synchronize(step.loss.device)
+        step.seconds += time.perf_counter() - self._t0
+        self._record(step)
         self._t0 = time.perf_counter()
 
     def stop_if_asked(self) -> None:
@@ -547,6 +606,7 @@ class StepTracker:
         signum = self.stop.agreed(self.runtime)
         if not signum:
             return
+        self._flush()
         if self._progress is not None:
             self._progress.close()
         state = self.state

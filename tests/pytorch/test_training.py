@@ -22,6 +22,7 @@ from crossdali.pytorch.training import (  # noqa: E402
     MixedPrecision,
     StepTracker,
     StopRequest,
+    SyntheticBatches,
     TrainState,
     accuracy_counts,
     create_scheduler,
@@ -182,3 +183,56 @@ def test_a_diverged_run_stops_with_one_line_naming_the_learning_rate(tmp_path):
     with pytest.raises(UsageError, match=r"training loss is nan at epoch 1 \(peak learning rate 5\): lower --lr"):
         tracker.end_epoch({"train_loss": float("nan"), "train_seconds": 1.0})
     assert not (tmp_path / "checkpoint_last.pth").exists()  # a diverged state is not saved over the last good one
+
+
+def test_a_step_is_recorded_one_step_late_and_read_before_every_checkpoint(tmp_path):
+    """The host reads a step's loss while the next step runs (StepTracker): after step k only steps
+    1..k-1 are in metrics.jsonl, except where a checkpoint is due, which first reads the pending step,
+    so the saved sums hold every step; the epoch's end reads the last one. Records keep the losses."""
+    import json
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = create_scheduler(optimizer, epochs=1, steps_per_epoch=5, warmup_epochs=0)
+    batches = SyntheticBatches((torch.randn(4, 3), torch.randint(0, 2, (4,))), num_batches=5, num_classes=2)
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
+                       amp=MixedPrecision(enabled=False, runtime=CPU), loader=batches)
+    tracker = StepTracker(state, runtime=CPU, checkpointer=Checkpointer(tmp_path, runtime=CPU, meta={}, metric=None),
+                          metrics=MetricsWriter(tmp_path), stop=StopRequest(), epochs=1, checkpoint_every=3, print_freq=0)
+
+    def written() -> list[dict]:
+        return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] \
+            if (tmp_path / "metrics.jsonl").exists() else []
+
+    losses = []
+    for k, (x, y) in enumerate(tracker.steps(batches), start=1):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        losses.append(loss.item())
+        state.amp.backward_step(loss, optimizer)
+        scheduler.step()
+        tracker.step_done(loss, x.shape[0])
+        assert [r["step"] for r in written()] == list(range(1, k + (k == 3))), k
+        if k == 3:
+            saved = torch.load(tmp_path / "checkpoint_last.pth", weights_only=True)
+            assert saved["sums"]["samples"] == 12 and saved["sums"]["loss"] == pytest.approx(4 * sum(losses))
+    records = written()
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["loss"] for r in records] == pytest.approx(losses)
+    assert all(r["step_s"] > 0 for r in records)
+    stats = tracker.epoch_stats()
+    assert stats["train_samples"] == 20 and stats["train_loss"] == pytest.approx(sum(losses) / 5)
+    assert stats["train_seconds"] == pytest.approx(sum(r["step_s"] for r in records))
+
+
+def test_the_optimizer_is_fused_only_on_a_cuda_gpu():
+    """Fused SGD/AdamW lets GradScaler skip its per-step read of the device; on the CPU the plain
+    implementation stays (the fused CPU kernels are newer and not what was measured)."""
+    from crossdali.pytorch.training import create_optimizer
+
+    for name in ("sgd", "adamw"):
+        opt = create_optimizer(name, torch.nn.Linear(2, 2).parameters(), lr=0.1)
+        assert not opt.defaults.get("fused"), name
+    if torch.cuda.is_available():
+        opt = create_optimizer("sgd", torch.nn.Linear(2, 2).cuda().parameters(), lr=0.1)
+        assert opt.defaults["fused"] and opt._step_supports_amp_scaling
