@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import random
 import time
@@ -54,6 +55,7 @@ from crossdali.common.cuda_queues import QUEUES, VARIABLE
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 from crossdali.pytorch import create_classification_loader
+from crossdali.pytorch.training import create_optimizer
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -376,8 +378,10 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
     n, start = 0, None
     ahead = next(it) if lookahead else None
 
+    last_loss = None
+
     def step_once() -> int:
-        nonlocal ahead
+        nonlocal ahead, last_loss
         t0 = time.perf_counter()
         images, labels = ahead if lookahead else next(it)
         images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
@@ -399,6 +403,7 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
             wait += time.perf_counter() - t1
             loss.item()
         waits.append(wait)
+        last_loss = loss.detach()
         return images.shape[0]
 
     for step in range(warmup + steps):
@@ -412,7 +417,11 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
     row = {"img_s": n / elapsed, "data_wait_share": sum(waits) / elapsed, "steps": steps,
            "sync_each_step": sync_each_step, "step_ms": 1000 * elapsed / steps,
            "data_wait_ms": {"median": ms[len(ms) // 2], "p90": ms[int(0.9 * (len(ms) - 1))], "max": ms[-1]},
-           "data_wait_ms_per_step": [round(1000 * w, 3) for w in waits]}
+           "data_wait_ms_per_step": [round(1000 * w, 3) for w in waits],
+           # a row whose weights turned NaN times other arithmetic than training does: it says so
+           "final_loss": float(last_loss) if last_loss is not None else None}
+    if row["final_loss"] is not None and not math.isfinite(row["final_loss"]):
+        row["error"] = f"the training loss is {row['final_loss']} after the timed steps: not a valid training row"
     if profile_steps > 0 and device.type == "cuda":
         row["gpu_time"] = _kernel_time(lambda: [step_once() for _ in range(profile_steps)], profile_steps)
     return row
@@ -461,7 +470,7 @@ def _train_ratios(train: list[dict]) -> dict:
     def key(r: dict) -> tuple:
         return r["round"], r["sync_each_step"], r["model_stream"], r.get("loop", "scaler")
 
-    timed = [r for r in train if "img_s" in r and "round" in r]  # the warm-up row has no round
+    timed = [r for r in train if "img_s" in r and "round" in r and "error" not in r]  # the warm-up row has no round
     synthetic = {key(r): r["img_s"] for r in timed if r["backend"] == "synthetic"}
     ratios: dict[str, list[float]] = {}
     for r in timed:
@@ -646,7 +655,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
             try:
                 model = torchvision.models.get_model(args.arch, num_classes=source.num_classes)
                 model = model.to(device).to(memory_format=torch.channels_last)
-                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=loop != "scaler")
+                # crossdali's optimizer factory: fused SGD needs its momentum buffers made first (its docstring)
+                optimizer = create_optimizer("sgd", model.parameters(), lr=0.1, momentum=0.9, fused=loop != "scaler")
                 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
                 loader = create_classification_loader(source, **common, **cfg, device_id=0,
                                                       last_batch=args.train_last_batch)
@@ -663,6 +673,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                 print(f"train {name:46s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.1f} % "
                       f"(median {row['data_wait_ms']['median']:.2f} ms/step){_engine_text(row['engine_load'])}",
                       flush=True)
+                if "error" in row:
+                    print(f"      INVALID: {row['error']}", flush=True)
                 if "gpu_time" in row:
                     g = row["gpu_time"]
                     print(f"      GPU ms/step: busiest stream (the model's) {g['model_ms_per_step']:.2f}, "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainknobs|trainer|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainknobs|trainer|trainfix|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainknobs|trainer|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainknobs|trainer|trainfix|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -85,6 +85,19 @@ case $phase in
       --rounds 2 --epochs 4 --timeout 120 --out "$out/trainer_queues32"
     step trainer_queues8 270 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$py" -m benchmarks.training_speed --framework pytorch \
       --backends synthetic,dali-gpu --rounds 2 --epochs 4 --timeout 120 --out "$out/trainer_queues8" ;;
+  trainfix)  # issue 14, after the trainer turned NaN: PyTorch 2.11's fused SGD left its momentum buffers uninitialised
+    # when GradScaler skipped the first steps, so the fused rows of trainloop and trainknobs trained NaN weights. Again
+    # with the buffers made first (create_optimizer): plain and fused SGD, 32 CUDA queues and CUDA's 8, then the
+    # training script itself under both
+    for q in 32 unset; do
+      step train_fix_queues_${q/unset/8} 160 "$py" -m benchmarks.classification_loaders --cuda-queues $q \
+        --out "$out/train_fix_queues_${q/unset/8}" --skip-loader --train-sync none --train-backends synthetic,dali-gpu \
+        --train-threads 4 --train-rounds 2 --train-steps 120 --train-loop scaler,fused --train-profile-steps 10
+    done
+    step trainer_queues32 110 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
+      --rounds 2 --epochs 4 --timeout 60 --out "$out/trainer_queues32"
+    step trainer_queues8 110 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$py" -m benchmarks.training_speed --framework pytorch \
+      --backends synthetic,dali-gpu --rounds 2 --epochs 4 --timeout 60 --out "$out/trainer_queues8" ;;
   video)  # issue 14: both DALI readers, fn.decoders.video, the GPU peers (PyNvVideoCodec, torchcodec: staged
     # into /tmp/site-extra by .device-stage/x*, on PYTHONPATH, PEER_LD_PATH=/tmp/site-extra/av.libs), the
     # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)

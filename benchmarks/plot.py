@@ -69,7 +69,8 @@ def plot_classification(report: dict, png: Path) -> None:
         return
     loader = [r for r in report["loader"] if "img_s" in r]  # failed configurations carry "error"
     rows = report.get("train") or report.get("train_resnet50_amp", [])  # the older name in committed results
-    train = [r for r in rows if "img_s" in r and not r["name"].startswith("warm-up")]
+    # rows with an "error" (e.g. a loss that turned NaN) are not drawn: their speed is not training's
+    train = [r for r in rows if "img_s" in r and "error" not in r and not r["name"].startswith("warm-up")]
     if not loader and not train:
         raise SystemExit(f"nothing to plot: no row of this report has a result ({len(report['loader'])} loader, "
                          f"{len(rows)} train rows)")

@@ -233,6 +233,37 @@ def test_the_optimizer_is_fused_only_on_a_cuda_gpu():
     for name in ("sgd", "adamw"):
         opt = create_optimizer(name, torch.nn.Linear(2, 2).parameters(), lr=0.1)
         assert not opt.defaults.get("fused"), name
-    if torch.cuda.is_available():
-        opt = create_optimizer("sgd", torch.nn.Linear(2, 2).cuda().parameters(), lr=0.1)
-        assert opt.defaults["fused"] and opt._step_supports_amp_scaling
+    assert create_optimizer("sgd", torch.nn.Linear(2, 2).parameters(), lr=0.1, fused=False).defaults["fused"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_fused_optimizer_survives_the_steps_gradscaler_skips(name):
+    """The bug this fixes: PyTorch 2.11's fused SGD left its momentum buffers uninitialised when
+    GradScaler skipped the first step (float16 gradients overflow at the initial scale), and ResNet-50
+    turned NaN at step 5. Here the first step overflows on purpose; afterwards the fused optimizer's
+    weights equal the plain implementation's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from crossdali.pytorch.training import create_optimizer
+
+    weights = {}
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+        opt = create_optimizer(name, model.parameters(), lr=0.01, weight_decay=1e-4, fused=fused)
+        assert bool(opt.defaults["fused"]) == fused
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 40)  # the first step's gradients overflow
+        x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 8, (32,), device="cuda")
+        for _ in range(4):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        assert scaler.get_scale() < 2.0 ** 40  # at least one step was skipped
+        weights[fused] = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.isfinite(w).all() for w in weights[True])
+    for plain, fused in zip(weights[False], weights[True], strict=True):
+        torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
