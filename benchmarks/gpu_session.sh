@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainknobs|trainer|trainfix|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainknobs|trainer|trainfix|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -65,26 +65,19 @@ case $phase in
   trainloop)  # issue 14: is the 6-7 % gap the host waiting for the batch, or DALI's GPU work beside the model's?
     # Three interleaved rounds of synthetic and dali-gpu under three loops (plain SGD, whose GradScaler waits for
     # the device every step; fused SGD, with which the host runs ahead; fused SGD + the next batch fetched before
-    # the loss is read), then 20 profiled steps per row: GPU ms per step by CUDA stream
+    # the loss is read), then 20 profiled steps per row: GPU ms per step by CUDA stream. (Its 11-26 run and a
+    # trainknobs phase that varied the prefetch depth and the CUDA queues trained NaN weights in every fused row,
+    # see trainfix; their results were withdrawn. Both loops are valid since create_optimizer's fix.)
     step train_loop 500 "$py" -m benchmarks.classification_loaders --out "$out/train_loop" --skip-loader \
       --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 3 --train-steps 150 \
       --train-loop scaler,fused,lookahead --train-profile-steps 20 ;;
-  trainknobs)  # issue 14, after trainloop showed DALI falling behind a GPU the model keeps busy: DALI's prefetch
-    # depth 2 and 4, and CUDA_DEVICE_MAX_CONNECTIONS unset (8 hardware queues for DALI's ~16 streams and the model's)
-    # and 32, each in its own process (the variable is read when CUDA starts); two interleaved rounds each
-    # (the 11-26 run set the variable in the environment, before --cuda-queues existed: the same effect)
-    for conn in unset 32; do
-      step train_knobs_conn_${conn/unset/default} 250 "$py" -m benchmarks.classification_loaders --cuda-queues $conn \
-        --out "$out/train_knobs_conn_${conn/unset/default}" --skip-loader --train-sync none \
-        --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 2 --train-steps 150 \
-        --train-loop fused,lookahead --train-prefetch 2,4
-    done ;;
   trainer)  # issue 14: the PyTorch training script itself (fused SGD on the GPU, each loss read one step late, 32
-    # CUDA queues), synthetic and dali-gpu interleaved over two rounds; then the same with CUDA's 8 queues
-    step trainer_queues32 270 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
-      --rounds 2 --epochs 4 --timeout 120 --out "$out/trainer_queues32"
-    step trainer_queues8 270 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$py" -m benchmarks.training_speed --framework pytorch \
-      --backends synthetic,dali-gpu --rounds 2 --epochs 4 --timeout 120 --out "$out/trainer_queues8" ;;
+    # CUDA queues; synthetic batches of the data loaders' sizes), synthetic and dali-gpu interleaved over three
+    # rounds; then two rounds with CUDA's 8 queues
+    step trainer_queues32 250 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
+      --rounds 3 --epochs 4 --timeout 90 --out "$out/trainer_queues32"
+    step trainer_queues8 200 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$py" -m benchmarks.training_speed --framework pytorch \
+      --backends synthetic,dali-gpu --rounds 2 --epochs 4 --timeout 90 --out "$out/trainer_queues8" ;;
   trainfix)  # issue 14, after the trainer turned NaN: PyTorch 2.11's fused SGD left its momentum buffers uninitialised
     # when GradScaler skipped the first steps, so the fused rows of trainloop and trainknobs trained NaN weights. Again
     # with the buffers made first (create_optimizer): plain and fused SGD, 32 CUDA queues and CUDA's 8, then the

@@ -61,8 +61,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
     """Images/s and data-wait share over the ``step`` records after the warm-up epochs."""
-    steps = [r for r in map(json.loads, metrics.read_text().splitlines())
-             if r.get("event") == "step" and r["epoch"] > warmup_epochs]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    start = next((r for r in records if r.get("event") == "start"), {})
+    steps = [r for r in records if r.get("event") == "step" and r["epoch"] > warmup_epochs]
     if not steps:
         raise RuntimeError(f"{metrics}: no step records after epoch {warmup_epochs}")
     seconds = sum(r["step_s"] for r in steps)
@@ -70,6 +71,8 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
     times = sorted(r["step_s"] for r in steps)
     waits = sorted(1000 * r["data_wait_s"] for r in steps)
     return {"steps": len(steps), "images": sum(r["samples"] for r in steps), "seconds": seconds,
+            # what the script ran with, from its start record (PyTorch's: CUDA queues, fused optimizer)
+            **{k: start[k] for k in ("cuda_queues", "fused_optimizer") if k in start},
             "img_s": sum(r["samples"] for r in steps) / seconds, "data_wait_share": wait / seconds,
             "median_step_ms": 1000 * times[len(times) // 2], "mean_data_wait_ms": 1000 * wait / len(steps),
             # the wait of every timed step, as the script's metrics.jsonl recorded it (issue 14)
@@ -151,6 +154,7 @@ def main(args: argparse.Namespace) -> dict:
               "python": platform.python_version(), "arch": args.arch, "amp": args.amp, "batch_size": args.batch_size,
               "crop_size": args.crop_size, "sample_size": args.sample_size, "workers": args.workers,
               "timing": f"{args.epochs} epochs per row; the steps of epochs 2-{args.epochs} are timed", "rows": [],
+              # as this process found it; a row's cuda_queues is what its script ran with (PyTorch's sets 32 if unset)
               "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
     if args.rounds < 1:
         raise usage_error(f"--rounds {args.rounds}: give 1 or more")

@@ -4,10 +4,10 @@ CUDA maps a process's streams onto ``CUDA_DEVICE_MAX_CONNECTIONS`` hardware queu
 A ``dali-gpu`` pipeline runs on about 16 streams (nvJPEG's, the resize's, the copies'), so some of
 them share a queue with the model's stream and wait behind its kernels even when SMs are free: DALI
 then falls behind a model that keeps the GPU busy. Measured on one H100 (``python -m
-benchmarks.classification_loaders --skip-loader --train-loop fused,lookahead ...``, phase
-``trainknobs`` of ``benchmarks/gpu_session.sh``; results/classification/train_knobs_conn_*): ResNet-50
-AMP fed by ``dali-gpu`` trained at 94.4 % of synthetic-data speed with 8 queues, 97.1 % with 32,
-and the data wait fell from 18-26 % of the step to 1.6-1.7 %.
+benchmarks.classification_loaders --cuda-queues 32|unset --skip-loader --train-loop scaler,fused ...``,
+phase ``trainfix`` of ``benchmarks/gpu_session.sh``; results/classification/train_fix_queues_*): ResNet-50
+AMP fed by ``dali-gpu`` with fused SGD trained at 93.2 % of synthetic-data speed with 8 queues and
+97.0 % with 32 (data wait 15-16 % of the step -> 1.5-1.8 %); with plain SGD 89.8 % -> 94.3 %.
 
 CUDA reads the variable when it creates its context, so it must be set before the first CUDA call.
 Nothing here imports a framework.
@@ -40,4 +40,4 @@ def queues_hint() -> str | None:
         return None
     return (f"{VARIABLE} is unset, so DALI's GPU streams share CUDA's 8 hardware queues with the model's and can "
             f"fall behind it; `export {VARIABLE}={QUEUES}` before the script starts CUDA (measured on an H100: "
-            "ResNet-50 training 94 % -> 97 % of synthetic-data speed; crossdali's training scripts set it)")
+            "ResNet-50 training 93 % -> 97 % of synthetic-data speed; crossdali's training scripts set it)")

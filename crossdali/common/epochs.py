@@ -23,7 +23,7 @@ import math
 
 from nvidia.dali.plugin.base_iterator import LastBatchPolicy
 
-__all__ = ["LastBatchPolicy", "choose_last_batch_policy", "batches_per_epoch", "samples_left_out"]
+__all__ = ["LastBatchPolicy", "choose_last_batch_policy", "batches_per_epoch", "batch_sizes", "samples_left_out"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,21 @@ def batches_per_epoch(num_samples: int, *, batch_size: int, num_shards: int, pol
     if policy == LastBatchPolicy.DROP:
         return (num_samples // num_shards) // batch_size
     return math.ceil(math.ceil(num_samples / num_shards) / batch_size)
+
+
+def batch_sizes(num_samples: int, *, batch_size: int, shard_id: int, num_shards: int,
+                policy: LastBatchPolicy) -> list[int]:
+    """The sizes of the batches shard ``shard_id`` yields per epoch, as crossdali's DALI loaders yield
+    them: DROP and FILL full batches only; PARTIAL the shard's samples (DALI's sharding: samples
+    ``num_samples * shard_id // num_shards`` up to the next shard's first) in full batches and a short
+    last one, without the empty batch a shorter shard ends with. What a synthetic loader must yield to
+    be the data loaders' ceiling step for step, short step included."""
+    if policy != LastBatchPolicy.PARTIAL:
+        return [batch_size] * batches_per_epoch(num_samples, batch_size=batch_size, num_shards=num_shards,
+                                                policy=policy)
+    shard = num_samples * (shard_id + 1) // num_shards - num_samples * shard_id // num_shards
+    full, rest = divmod(shard, batch_size)
+    return [batch_size] * full + ([rest] if rest else [])
 
 
 def log_epoch_plan(name: str, num_samples: int, *, batch_size: int, num_shards: int, policy: LastBatchPolicy,

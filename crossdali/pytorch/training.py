@@ -127,9 +127,9 @@ def create_optimizer(name: str, params: Iterable, *, lr: float, momentum: float 
     """``sgd`` (with momentum) or ``adamw`` by name (``--opt``); PyTorch's fused implementation when
     the parameters are on a CUDA GPU: with it, ``GradScaler`` hands the inf/NaN check to the optimizer's
     kernel instead of reading it on the host every step, so the host is not held back by the GPU
-    (measured on an H100, ResNet-50 AMP: 4,100 -> 4,950 images/s on synthetic data,
-    results/classification/train_loop_2026-11-26.json, loops "scaler" and "fused"). ``fused``: force
-    it on or off (default: on for CUDA parameters)."""
+    (measured on an H100, ResNet-50 AMP, batch 256: synthetic data 4,688-4,699 -> 4,898-4,899 images/s,
+    dali-gpu 4,406-4,446 -> 4,748-4,755, results/classification/train_fix_queues_32_2026-11-26.json,
+    loops "scaler" and "fused"). ``fused``: force it on or off (default: on for CUDA parameters)."""
     params = list(params)
     if fused is None:
         fused = bool(params) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in params)
@@ -713,6 +713,8 @@ def start_run(args: Any, runtime: Runtime, model: torch.nn.Module, train_loader:
     metrics.write(event="start", task=task, framework="pytorch", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=lr,
                   epochs=args.epochs, num_classes=num_classes, resumed_from=str(args.resume) if ckpt else None,
-                  epoch=state.epoch, step=state.step, torch_threads=torch.get_num_threads(), **(start or {}))
+                  epoch=state.epoch, step=state.step, torch_threads=torch.get_num_threads(),
+                  cuda_queues=os.environ.get(CUDA_QUEUES_VARIABLE) if runtime.device.type == "cuda" else None,
+                  fused_optimizer=bool(optimizer.defaults.get("fused")), **(start or {}))
     return Run(args=args, runtime=runtime, model=model, ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler,
                amp=amp, run_dir=run_dir, checkpointer=checkpointer, state=state, metrics=metrics, metric=metric, lr=lr)

@@ -25,7 +25,21 @@ def test_backends_yield_torch_batches(tiny_classification, backend, train):
         assert images.shape[1:] == (3, CROP, CROP) and images.device.type == "cpu"
         assert labels.dtype == torch.int64 and labels.shape == (images.shape[0],)
         assert 0 <= int(labels.min()) and int(labels.max()) < 11
-    assert sum(len(lab) for _, lab in batches) == (264 if train else 55) or backend == "synthetic"
+    assert sum(len(lab) for _, lab in batches) == (264 if train else 55)  # synthetic too: the same batches
+
+
+@pytest.mark.parametrize(("train", "shards"), [(True, 1), (False, 3), (True, 2)], ids=["train", "val-3", "train-2"])
+def test_synthetic_batches_have_the_data_loaders_sizes(indexed_val_source, train, shards):
+    """Synthetic data is the ceiling of the data loaders step for step: every shard's batches have
+    the sizes DALI's have (short last batch under PARTIAL, none under DROP with 2 ranks)."""
+    for rank in range(shards):
+        sizes = {}
+        for backend in ("dali-cpu", "synthetic"):
+            loader = create_classification_loader(indexed_val_source, train=train, backend=backend, batch_size=8,
+                                                  crop_size=16, workers=1, dist=DistInfo(rank, shards, rank, "test"))
+            sizes[backend] = [len(lab) for _, lab in loader]
+        assert sizes["synthetic"] == sizes["dali-cpu"], (rank, sizes)
+        assert min(sizes["dali-cpu"]) < 8 or (train and shards > 1)  # the case is there: a short batch
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "recordio", "webdataset"])
