@@ -82,7 +82,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--train-loop", default="scaler",
                         help="per synthetic and data training row, comma-separated: 'scaler' (plain SGD; GradScaler "
                              "waits for the device every step), 'fused' (fused SGD: the host runs ahead), 'lookahead' "
-                             "(fused SGD, the loss read every step, the next batch fetched before that read)")
+                             "(fused SGD, the loss read every step, the next batch fetched before that read), 'lagged' "
+                             "(fused SGD, each loss read one step late: crossdali's training scripts)")
     parser.add_argument("--train-prefetch", default="2",
                         help="DALI's prefetch_queue_depth for the DALI training rows, comma-separated (one row each)")
     parser.add_argument("--train-profile-steps", type=int, default=0,
@@ -356,11 +357,14 @@ TRAIN_LOOPS = {
     # fused SGD, the loss read on the host every step (as a trainer logging it does), the next batch
     # fetched before that read: the fetch overlaps the step on the GPU
     "lookahead": " [fused SGD, next batch fetched before the loss is read]",
+    # fused SGD, each step's loss read after the next step is launched: crossdali's trainer (StepTracker)
+    "lagged": " [fused SGD, loss read one step late]",
 }
 
 
 def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10, *,
-                 sync_each_step: bool = False, lookahead: bool = False, profile_steps: int = 0) -> dict:
+                 sync_each_step: bool = False, lookahead: bool = False, lagged: bool = False,
+                 profile_steps: int = 0) -> dict:
     """``steps`` training steps after ``warmup`` untimed ones; the data wait of every step.
 
     The wait is the time the loop spends getting the next batch onto the device. Whether the host
@@ -370,7 +374,8 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
     the host fetches the batch and launches the first kernels of the step, which costs more the longer
     the host takes. ``lookahead`` fetches step k+1's batch after launching step k and before reading
     step k's loss (``loss.item()`` every step): that fetch is the step's data wait, overlapped with
-    the GPU's work. ``profile_steps`` more steps run under ``torch.profiler`` after the timed ones
+    the GPU's work. ``lagged`` reads step k's loss after launching step k+1 (crossdali's trainer).
+    ``profile_steps`` more steps run under ``torch.profiler`` after the timed ones
     (``_kernel_time``)."""
     model.train()
     it = iter(_forever(loader))
@@ -402,6 +407,8 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
             ahead = next(it)
             wait += time.perf_counter() - t1
             loss.item()
+        elif lagged and last_loss is not None:
+            last_loss.item()
         waits.append(wait)
         last_loss = loss.detach()
         return images.shape[0]
@@ -596,7 +603,9 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
     if not args.skip_train:
         import torchvision
 
-        torch.backends.cudnn.benchmark = True
+        # cuDNN's autotuner on unless CUDNN_BENCHMARK=0 (crossdali's training scripts run without it, for
+        # reproducible results)
+        torch.backends.cudnn.benchmark = report["cudnn_benchmark"] = os.environ.get("CUDNN_BENCHMARK", "1") != "0"
         train_configs = [("synthetic", dict(backend="synthetic", workers=workers))]
         train_configs += [(f"DALI GPU hw_decoder_load=1 {t} threads", dict(backend="dali-gpu", workers=t, hw_decoder_load=1.0))
                           for t in (int(x) for x in args.train_threads.split(",") if x)]
@@ -668,7 +677,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                 with on_stream:
                     row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps,
                                             args.train_warmup, sync_each_step=mode == "step",
-                                            lookahead=loop == "lookahead", profile_steps=args.train_profile_steps))
+                                            lookahead=loop == "lookahead", lagged=loop == "lagged",
+                                            profile_steps=args.train_profile_steps))
                 row["engine_load"] = load.mean(start, time.perf_counter())
                 print(f"train {name:46s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.1f} % "
                       f"(median {row['data_wait_ms']['median']:.2f} ms/step){_engine_text(row['engine_load'])}",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -91,6 +91,14 @@ case $phase in
       --rounds 2 --epochs 4 --timeout 60 --out "$out/trainer_queues32"
     step trainer_queues8 110 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$py" -m benchmarks.training_speed --framework pytorch \
       --backends synthetic,dali-gpu --rounds 2 --epochs 4 --timeout 60 --out "$out/trainer_queues8" ;;
+  trainlag)  # issue 14: the training script reaches 93 % of synthetic where the benchmark's fused loop reaches 97 %.
+    # The script's loop in the benchmark (fused SGD, each loss read one step late) beside the fused one, with cuDNN's
+    # autotuner (the benchmark's default) and without it (the script's, for reproducible runs: CUDNN_BENCHMARK=0)
+    for tune in 1 0; do
+      step train_lag_cudnn_benchmark_$tune 160 env CUDNN_BENCHMARK=$tune "$py" -m benchmarks.classification_loaders \
+        --out "$out/train_lag_cudnn_benchmark_$tune" --skip-loader --train-sync none --train-backends synthetic,dali-gpu \
+        --train-threads 4 --train-rounds 2 --train-steps 120 --train-loop fused,lagged
+    done ;;
   video)  # issue 14: both DALI readers, fn.decoders.video, the GPU peers (PyNvVideoCodec, torchcodec: staged
     # into /tmp/site-extra by .device-stage/x*, on PYTHONPATH, PEER_LD_PATH=/tmp/site-extra/av.libs), the
     # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)
