@@ -36,6 +36,7 @@ configuration, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import math
 import os
@@ -82,8 +83,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--train-loop", default="scaler",
                         help="per synthetic and data training row, comma-separated: 'scaler' (plain SGD; GradScaler "
                              "waits for the device every step), 'fused' (fused SGD: the host runs ahead), 'lookahead' "
-                             "(fused SGD, the loss read every step, the next batch fetched before that read), 'lagged' "
-                             "(fused SGD, each loss read one step late: crossdali's training scripts)")
+                             "(fused SGD, the loss read every step, the next batch fetched before that read), 'lagged', "
+                             "'lagged2', 'lagged3' (fused SGD, each loss read one, two, three steps late)")
     parser.add_argument("--train-prefetch", default="2",
                         help="DALI's prefetch_queue_depth for the DALI training rows, comma-separated (one row each)")
     parser.add_argument("--train-profile-steps", type=int, default=0,
@@ -357,13 +358,16 @@ TRAIN_LOOPS = {
     # fused SGD, the loss read on the host every step (as a trainer logging it does), the next batch
     # fetched before that read: the fetch overlaps the step on the GPU
     "lookahead": " [fused SGD, next batch fetched before the loss is read]",
-    # fused SGD, each step's loss read after the next step is launched: crossdali's trainer (StepTracker)
+    # fused SGD, each step's loss read after the next step is launched (crossdali's trainer until 11-26) ...
     "lagged": " [fused SGD, loss read one step late]",
+    # ... or two or three steps later: how far the host must run ahead for DALI to keep up
+    "lagged2": " [fused SGD, loss read two steps late]",
+    "lagged3": " [fused SGD, loss read three steps late]",
 }
 
 
 def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10, *,
-                 sync_each_step: bool = False, lookahead: bool = False, lagged: bool = False,
+                 sync_each_step: bool = False, lookahead: bool = False, lag: int = 0,
                  profile_steps: int = 0) -> dict:
     """``steps`` training steps after ``warmup`` untimed ones; the data wait of every step.
 
@@ -374,7 +378,7 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
     the host fetches the batch and launches the first kernels of the step, which costs more the longer
     the host takes. ``lookahead`` fetches step k+1's batch after launching step k and before reading
     step k's loss (``loss.item()`` every step): that fetch is the step's data wait, overlapped with
-    the GPU's work. ``lagged`` reads step k's loss after launching step k+1 (crossdali's trainer).
+    the GPU's work. ``lag`` > 0 reads step k's loss after launching step k + lag (crossdali's trainer).
     ``profile_steps`` more steps run under ``torch.profiler`` after the timed ones
     (``_kernel_time``)."""
     model.train()
@@ -384,6 +388,7 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
     ahead = next(it) if lookahead else None
 
     last_loss = None
+    unread: collections.deque = collections.deque()
 
     def step_once() -> int:
         nonlocal ahead, last_loss
@@ -407,10 +412,12 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
             ahead = next(it)
             wait += time.perf_counter() - t1
             loss.item()
-        elif lagged and last_loss is not None:
-            last_loss.item()
         waits.append(wait)
         last_loss = loss.detach()
+        if lag:
+            unread.append(last_loss)
+            while len(unread) > lag:
+                unread.popleft().item()
         return images.shape[0]
 
     for step in range(warmup + steps):
@@ -677,7 +684,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                 with on_stream:
                     row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps,
                                             args.train_warmup, sync_each_step=mode == "step",
-                                            lookahead=loop == "lookahead", lagged=loop == "lagged",
+                                            lookahead=loop == "lookahead",
+                                            lag={"lagged": 1, "lagged2": 2, "lagged3": 3}.get(loop, 0),
                                             profile_steps=args.train_profile_steps))
                 row["engine_load"] = load.mean(start, time.perf_counter())
                 print(f"train {name:46s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.1f} % "

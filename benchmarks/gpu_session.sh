@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -99,6 +99,11 @@ case $phase in
         --out "$out/train_lag_cudnn_benchmark_$tune" --skip-loader --train-sync none --train-backends synthetic,dali-gpu \
         --train-threads 4 --train-rounds 2 --train-steps 120 --train-loop fused,lagged
     done ;;
+  trainlag2)  # issue 14, after trainlag put the script's 93-94 % on its one-step-late loss read: how far must the host
+    # run ahead? The loss read one, two and three steps late beside the fused loop that never reads it
+    step train_lag_depth 230 "$py" -m benchmarks.classification_loaders --out "$out/train_lag_depth" --skip-loader \
+      --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 2 --train-steps 100 \
+      --train-loop fused,lagged,lagged2,lagged3 ;;
   video)  # issue 14: both DALI readers, fn.decoders.video, the GPU peers (PyNvVideoCodec, torchcodec: staged
     # into /tmp/site-extra by .device-stage/x*, on PYTHONPATH, PEER_LD_PATH=/tmp/site-extra/av.libs), the
     # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)
