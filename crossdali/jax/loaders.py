@@ -31,7 +31,7 @@ from nvidia.dali.plugin.jax import DALIGenericIterator
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.dali_loader import DALIIteratorLoader
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
+from crossdali.common.epochs import LastBatchPolicy, batch_sizes
 from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataSource, explain_decode_failure, resolve_source
 
@@ -117,22 +117,26 @@ class DALILoader(DALIIteratorLoader):
 
 
 class SyntheticLoader:
-    """One random batch, repeated: the upper bound a training loop reaches with free input."""
+    """One random batch, repeated: the upper bound a training loop reaches with free input. With
+    ``sizes`` (``crossdali.common.epochs.batch_sizes``) its batches have the data loaders' sizes, the
+    short last one included, so its epoch has the same steps as theirs."""
 
     def __init__(self, *, num_batches: int, batch_size: int, shape: tuple[int, ...], num_classes: int,
-                 device: jax.Device, dtype: str) -> None:
+                 device: jax.Device, dtype: str, sizes: list[int] | None = None) -> None:
         rng = np.random.default_rng(0)  # numpy: jax.random would compile its generator first (seconds on a CPU)
         self.images = jax.device_put(rng.standard_normal((batch_size, *shape), dtype=np.float32).astype(dtype), device)
         self.labels = jax.device_put(rng.integers(0, max(1, num_classes), batch_size, dtype=np.int32), device)
         self.batch_size, self.num_classes, self.epoch = batch_size, num_classes, 0
-        self._len = max(1, num_batches)
+        self.sizes = list(sizes) if sizes else [batch_size] * max(1, num_batches)
+        short = {n for n in self.sizes if n != batch_size}  # sliced once, not every epoch
+        self._short = {n: (self.images[:n], self.labels[:n]) for n in short}
 
     def __len__(self) -> int:
-        return self._len
+        return len(self.sizes)
 
     def __iter__(self):
-        for _ in range(self._len):
-            yield self.images, self.labels
+        for n in self.sizes:
+            yield self._short.get(n, (self.images, self.labels))
         self.epoch += 1
 
     def state_dict(self) -> dict:
@@ -190,7 +194,9 @@ def create_classification_loader(
         shape = (crop_size, crop_size, 3) if layout == "HWC" else (3, crop_size, crop_size)
         return SyntheticLoader(num_batches=plan.batches_per_epoch, batch_size=batch_size, shape=shape,
                                num_classes=source.num_classes, device=default_device(device_id, plan.dist),
-                               dtype=dtype)
+                               dtype=dtype, sizes=batch_sizes(plan.num_samples, batch_size=batch_size,
+                                                              shard_id=plan.dist.rank, num_shards=plan.dist.world_size,
+                                                              policy=plan.policy))
     require_gpu(backend)
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
                                     checkpointing=checkpointing)
