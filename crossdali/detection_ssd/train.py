@@ -25,7 +25,7 @@ import torch
 from crossdali.common import script_parsers
 from crossdali.common.anchors import ssd300_default_boxes
 from crossdali.common.detection import resolve_detection_source
-from crossdali.common.epochs import batches_per_epoch, choose_last_batch_policy
+from crossdali.common.epochs import batch_sizes, choose_last_batch_policy
 from crossdali.common.sample_data.detection import ensure_detection
 from crossdali.common.script import UsageError, run
 from crossdali.detection_ssd.coco_eval import coco_map, to_coco_results
@@ -99,8 +99,10 @@ def _synthetic_loader(source, args, runtime: Runtime) -> SyntheticBatches:
     labels[torch.rand((n, anchors), generator=g) > 0.01] = 0
     batch = (torch.randn((n, 3, 300, 300), generator=g), 0.5 * torch.randn((n, anchors, 4), generator=g), labels)
     policy = choose_last_batch_policy(train=True, num_shards=runtime.dist.world_size)
-    steps = batches_per_epoch(source.num_samples, batch_size=n, num_shards=runtime.dist.world_size, policy=policy)
-    return SyntheticBatches(tuple(t.to(runtime.device) for t in batch), num_batches=steps, num_classes=source.num_classes)
+    sizes = batch_sizes(source.num_samples, batch_size=n, shard_id=runtime.dist.rank,
+                        num_shards=runtime.dist.world_size, policy=policy)  # the real loader's, short last one too
+    return SyntheticBatches(tuple(t.to(runtime.device) for t in batch), num_batches=len(sizes),
+                            num_classes=source.num_classes, sizes=sizes)
 
 
 def load_data(args, runtime: Runtime, backend: str):

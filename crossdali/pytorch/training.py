@@ -265,18 +265,22 @@ def evaluate_multilabel(model: torch.nn.Module, criterion: torch.nn.Module, load
 
 class SyntheticBatches:
     """One batch of tensors, repeated ``num_batches`` times per epoch: the model's speed without
-    any input pipeline (``--data-backend synthetic``). Same loader contract as the real ones."""
+    any input pipeline (``--data-backend synthetic``). Same loader contract as the real ones. With
+    ``sizes`` (``crossdali.common.epochs.batch_sizes``) the batches have the data loaders' sizes, the
+    short last one included."""
 
-    def __init__(self, batch: tuple[torch.Tensor, ...], *, num_batches: int, num_classes: int) -> None:
+    def __init__(self, batch: tuple[torch.Tensor, ...], *, num_batches: int, num_classes: int,
+                 sizes: list[int] | None = None) -> None:
         self.batch, self.batch_size, self.num_classes = batch, batch[0].shape[0], num_classes
-        self.epoch, self._len = 0, max(1, num_batches)
+        self.epoch = 0
+        self.sizes = list(sizes) if sizes else [self.batch_size] * max(1, num_batches)
 
     def __len__(self) -> int:
-        return self._len
+        return len(self.sizes)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        for _ in range(self._len):
-            yield self.batch
+        for n in self.sizes:
+            yield self.batch if n == self.batch_size else tuple(t[:n] for t in self.batch)
         self.epoch += 1
 
     def state_dict(self) -> dict:

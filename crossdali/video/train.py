@@ -21,7 +21,7 @@ import logging
 import torch
 
 from crossdali.common import script_parsers
-from crossdali.common.epochs import batches_per_epoch, choose_last_batch_policy
+from crossdali.common.epochs import batch_sizes, choose_last_batch_policy
 from crossdali.common.sample_data.video import ensure_video
 from crossdali.common.script import run
 from crossdali.common.video import resolve_video_source
@@ -76,8 +76,10 @@ def _synthetic_loader(num_clips: int, num_classes: int, args, runtime: Runtime, 
     batch = (torch.randn((n, 3, args.clip_len, size, size), generator=g),
              torch.randint(0, num_classes, (n,), generator=g))
     policy = choose_last_batch_policy(train=train, num_shards=runtime.dist.world_size)
-    steps = batches_per_epoch(num_clips, batch_size=n, num_shards=runtime.dist.world_size, policy=policy)
-    return SyntheticBatches(tuple(t.to(runtime.device) for t in batch), num_batches=steps, num_classes=num_classes)
+    sizes = batch_sizes(num_clips, batch_size=n, shard_id=runtime.dist.rank, num_shards=runtime.dist.world_size,
+                        policy=policy)  # the real loader's, short last one too
+    return SyntheticBatches(tuple(t.to(runtime.device) for t in batch), num_batches=len(sizes),
+                            num_classes=num_classes, sizes=sizes)
 
 
 def load_data(args, runtime: Runtime, backend: str):

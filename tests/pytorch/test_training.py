@@ -267,3 +267,14 @@ def test_fused_optimizer_survives_the_steps_gradscaler_skips(name):
     assert all(torch.isfinite(w).all() for w in weights[True])
     for plain, fused in zip(weights[False], weights[True], strict=True):
         torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_synthetic_batches_take_the_given_sizes():
+    """SSD's and the video script's synthetic loader: the real loader's batch sizes, short last one too."""
+    from crossdali.common.epochs import LastBatchPolicy, batch_sizes
+
+    sizes = batch_sizes(9, batch_size=4, shard_id=0, num_shards=1, policy=LastBatchPolicy.PARTIAL)
+    assert sizes == [4, 4, 1]
+    loader = SyntheticBatches((torch.zeros(4, 3), torch.arange(4)), num_batches=3, num_classes=4, sizes=sizes)
+    assert len(loader) == 3 and [tuple(t.shape[0] for t in b) for b in loader] == [(4, 4), (4, 4), (1, 1)]
+    assert loader.epoch == 1
