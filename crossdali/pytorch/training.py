@@ -538,12 +538,13 @@ class StepTracker:
     time, the ``step`` metrics record, the progress bar or line, ``checkpoint_last`` every
     ``checkpoint_every`` steps, and the graceful stop (``StopRequest``) after a step.
 
-    A step's loss is read on the host one step late: reading it waits for the GPU to finish that
-    step, and by then the next step is already queued behind it, so the GPU never idles while the
-    host fetches the next batch and launches its kernels (with a fused optimizer nothing else makes
-    the host wait; ``create_optimizer``). The records, sums and progress are the same, one step later;
-    every checkpoint, stop and epoch end reads the pending step first. Step times tile the epoch: a
-    step's time runs from the previous step's end to its own (its last kernel, for the pending one)."""
+    A step's loss is read on the host one step late, after the next step is launched, so the host
+    does not wait for the step it has just queued (with a fused optimizer nothing else makes it wait;
+    ``create_optimizer``). Measured on an H100 (README, classification section): ResNet-50 fed by
+    ``dali-gpu`` still trains at 93-94 % of synthetic speed this way against 97 % for a loop that never
+    reads the loss; reading it less often is the next experiment. The records, sums and progress are
+    the same, one step later; every checkpoint, stop and epoch end reads the pending step first. Step
+    times tile the epoch: from one ``step_done`` to the next (the pending step's until its last kernel)."""
 
     def __init__(self, state: TrainState, *, runtime: Runtime, checkpointer: Checkpointer, metrics: MetricsWriter,
                  stop: StopRequest, epochs: int, checkpoint_every: int = 0, print_freq: int = 10,
@@ -719,6 +720,6 @@ def start_run(args: Any, runtime: Runtime, model: torch.nn.Module, train_loader:
                   epochs=args.epochs, num_classes=num_classes, resumed_from=str(args.resume) if ckpt else None,
                   epoch=state.epoch, step=state.step, torch_threads=torch.get_num_threads(),
                   cuda_queues=os.environ.get(CUDA_QUEUES_VARIABLE) if runtime.device.type == "cuda" else None,
-                  fused_optimizer=bool(optimizer.defaults.get("fused")), **(start or {}))
+                  fused_optimizer=bool(optimizer.param_groups[0].get("fused")), **(start or {}))
     return Run(args=args, runtime=runtime, model=model, ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler,
                amp=amp, run_dir=run_dir, checkpointer=checkpointer, state=state, metrics=metrics, metric=metric, lr=lr)
