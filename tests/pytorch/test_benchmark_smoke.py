@@ -82,6 +82,20 @@ def test_classification_training_rounds_give_the_ratio_to_synthetic(tmp_path, da
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_classification_training_loops_record_their_loss(tmp_path, data_root):
+    """The training loops of issue 14 (plain SGD, fused SGD, loss read two steps late) run and record a
+    finite final loss per row (a NaN row is marked invalid and left out of the ratios); a bad loop name
+    is one line and exit 2."""
+    report = _run("benchmarks.classification_loaders", tmp_path, data_root, "--skip-loader",
+                  "--train-backends", "synthetic", "--train-loop", "scaler,fused,lagged2", "--cuda-queues", "unset")
+    rows = report["train"]
+    assert [r["loop"] for r in rows] == ["scaler", "fused", "lagged2"]
+    assert all("error" not in r and r["final_loss"] == r["final_loss"] and r["final_loss"] > 0 for r in rows), rows
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.classification_loaders", "--smoke", "--out", str(tmp_path),
+                           "--skip-loader", "--train-loop", "fast"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--train-loop 'fast'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_detection_benchmark_smoke(tmp_path, data_root):
     report = _run("benchmarks.detection_loaders", tmp_path, data_root)
     rows = {r["backend"]: r for r in report["loader"]}
