@@ -131,3 +131,15 @@ def test_corrupt_jpeg_error_names_the_file(tmp_path, tiny_classification):
     with pytest.raises(DataError, match="zz_broken.jpg cannot be decoded"):
         list(create_classification_loader(tmp_path, train=False, backend="native", batch_size=4, crop_size=16,
                                           workers=0))
+
+
+def test_prefetch_depth_does_not_change_the_batches(indexed_val_source):
+    """``prefetch_queue_depth`` only changes how far DALI works ahead: the same images and labels."""
+    epochs = {}
+    for depth in (1, 3):
+        loader = create_classification_loader(indexed_val_source, train=True, backend="dali-cpu", batch_size=8,
+                                              crop_size=16, workers=1, prefetch_queue_depth=depth)
+        epochs[depth] = [(images.clone(), labels.clone()) for images, labels in loader]
+    assert len(epochs[1]) == len(epochs[3]) > 1
+    for (a, la), (b, lb) in zip(epochs[1], epochs[3], strict=True):
+        assert torch.equal(la, lb) and torch.equal(a, b)
