@@ -14,7 +14,8 @@ Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from r
   sync after every batch fetch (as a loop reading ``loss.item()`` every step does), which shows what
   the per-step sync costs each backend; ``--train-loop`` picks how the step meets the host (plain SGD,
   whose GradScaler waits for the device every step; fused SGD, with which the host runs ahead; fused
-  SGD with the next batch fetched before the loss is read); ``--train-profile-steps`` adds the GPU
+  SGD with the next batch fetched before the loss is read; fused SGD with each loss read one, two or
+  three steps late, as crossdali's trainer reads it one step late); ``--train-profile-steps`` adds the GPU
   time per step of the model's stream and of DALI's from torch.profiler.
 
 Configurations: torchvision ImageFolder + PIL, torchvision decode_image + v2 (crossdali's
@@ -350,7 +351,8 @@ def _engine_text(load: dict | None) -> str:
 #: ``--train-loop`` choices: how the training step meets the host (what each costs a data row is the question)
 TRAIN_LOOPS = {
     # plain SGD: GradScaler.step reads the found-inf flag on the host every step, so the host waits for
-    # the GPU and the next batch is fetched while the GPU idles (torchvision's reference loop; crossdali's trainer)
+    # the GPU and the next batch is fetched while the GPU idles (torchvision's reference loop; crossdali's
+    # trainer before 2026-11-26)
     "scaler": "",
     # SGD(fused=True): GradScaler hands the flag to the fused kernel and nothing reads the device, so the
     # host runs ahead of the GPU and fetches batches while it computes
@@ -358,7 +360,7 @@ TRAIN_LOOPS = {
     # fused SGD, the loss read on the host every step (as a trainer logging it does), the next batch
     # fetched before that read: the fetch overlaps the step on the GPU
     "lookahead": " [fused SGD, next batch fetched before the loss is read]",
-    # fused SGD, each step's loss read after the next step is launched (crossdali's trainer until 11-26) ...
+    # fused SGD, each step's loss read after the next step is launched (crossdali's trainer since 2026-11-26) ...
     "lagged": " [fused SGD, loss read one step late]",
     # ... or two or three steps later: how far the host must run ahead for DALI to keep up
     "lagged2": " [fused SGD, loss read two steps late]",
