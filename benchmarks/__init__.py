@@ -10,3 +10,8 @@ def usage_error(message: str) -> SystemExit:
     benchmark started where there is no GPU): ``raise usage_error("...")``."""
     print(message, file=sys.stderr)
     return SystemExit(2)
+
+
+def round_spread(values: list[float]) -> dict:
+    """A ratio measured once per interleaved round: its mean, min, max and the number of rounds."""
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "rounds": len(values)}

@@ -50,10 +50,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import usage_error
+from benchmarks import round_spread, usage_error
 from benchmarks.engine_load import EngineLoad
 from benchmarks.loader_rows import environment, sync, time_epochs, write_report
-from crossdali.common.cuda_queues import QUEUES, VARIABLE
+from crossdali.common.cuda_queues import QUEUES, share_gpu_with_dali
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 from crossdali.pytorch import create_classification_loader
@@ -492,7 +492,7 @@ def _train_ratios(train: list[dict]) -> dict:
     for r in timed:
         if r["backend"] != "synthetic" and key(r) in synthetic:
             ratios.setdefault(r["row"], []).append(r["img_s"] / synthetic[key(r)])
-    return {n: {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "rounds": len(v)} for n, v in ratios.items()}
+    return {n: round_spread(v) for n, v in ratios.items()}
 
 
 def _forever(loader):
@@ -502,9 +502,9 @@ def _forever(loader):
 
 def main(args: argparse.Namespace) -> dict:
     if args.cuda_queues != "unset":  # before anything starts CUDA: it reads the variable once
-        if not args.cuda_queues.isdigit() or not 1 <= int(args.cuda_queues) <= 32:
-            raise usage_error(f"--cuda-queues {args.cuda_queues!r}: give 1 to 32, or 'unset'")
-        os.environ.setdefault(VARIABLE, args.cuda_queues)
+        if not args.cuda_queues.isdigit() or not 1 <= int(args.cuda_queues) <= QUEUES:
+            raise usage_error(f"--cuda-queues {args.cuda_queues!r}: give 1 to {QUEUES}, or 'unset'")
+        share_gpu_with_dali(int(args.cuda_queues))
     if args.smoke:
         # only checks that the script runs: a tiny model at 64 px in float32, since a 2-core CPU without
         # bfloat16 instructions trains ResNet-50 at 224 px under autocast at well under 1 image/s

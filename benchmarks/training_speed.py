@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import usage_error
+from benchmarks import round_spread, usage_error
 from benchmarks.plot import backend_color, bar_png
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def _round_shares(rows: list[dict]) -> dict:
     for r in rows:
         if r["backend"] != "synthetic" and "img_s" in r and r["round"] in synthetic:
             shares.setdefault(r["backend"], []).append(r["img_s"] / synthetic[r["round"]])
-    return {b: {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "rounds": len(v)} for b, v in shares.items()}
+    return {b: round_spread(v) for b, v in shares.items()}
 
 
 def plot(report: dict, png: Path) -> Path | None:

@@ -27,11 +27,13 @@ VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
 QUEUES = 32
 
 
-def share_gpu_with_dali() -> str:
-    """Set ``CUDA_DEVICE_MAX_CONNECTIONS`` to 32 unless the user set it (a user's value wins: some
-    libraries need 1 to order communication before computation); the value in effect. Call it before
-    anything starts CUDA (the training scripts do, first thing)."""
-    return os.environ.setdefault(VARIABLE, str(QUEUES))
+def share_gpu_with_dali(queues: int = QUEUES) -> str:
+    """Set ``CUDA_DEVICE_MAX_CONNECTIONS`` to ``queues`` (1-32) unless the user set it (a user's value
+    wins: some libraries need 1 to order communication before computation); the value in effect. Call
+    it before anything starts CUDA (the training scripts do, first thing)."""
+    if not 1 <= queues <= QUEUES:
+        raise ValueError(f"CUDA has 1 to {QUEUES} hardware queues, not {queues}")
+    return os.environ.setdefault(VARIABLE, str(queues))
 
 
 def queues_hint() -> str | None:

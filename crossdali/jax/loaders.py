@@ -117,17 +117,17 @@ class DALILoader(DALIIteratorLoader):
 
 
 class SyntheticLoader:
-    """One random batch, repeated: the upper bound a training loop reaches with free input. With
-    ``sizes`` (``crossdali.common.epochs.batch_sizes``) its batches have the data loaders' sizes, the
-    short last one included, so its epoch has the same steps as theirs."""
+    """One random batch, repeated: the upper bound a training loop reaches with free input. ``sizes``
+    are an epoch's batch sizes (``crossdali.common.epochs.batch_sizes``: the data loaders' own, the
+    short last one included, so its epoch has the same steps as theirs)."""
 
-    def __init__(self, *, num_batches: int, batch_size: int, shape: tuple[int, ...], num_classes: int,
-                 device: jax.Device, dtype: str, sizes: list[int] | None = None) -> None:
+    def __init__(self, *, batch_size: int, shape: tuple[int, ...], num_classes: int, device: jax.Device,
+                 dtype: str, sizes: list[int]) -> None:
         rng = np.random.default_rng(0)  # numpy: jax.random would compile its generator first (seconds on a CPU)
         self.images = jax.device_put(rng.standard_normal((batch_size, *shape), dtype=np.float32).astype(dtype), device)
         self.labels = jax.device_put(rng.integers(0, max(1, num_classes), batch_size, dtype=np.int32), device)
         self.batch_size, self.num_classes, self.epoch = batch_size, num_classes, 0
-        self.sizes = list(sizes) if sizes else [batch_size] * max(1, num_batches)
+        self.sizes = list(sizes) or [batch_size]
         short = {n for n in self.sizes if n != batch_size}  # sliced once, not every epoch
         self._short = {n: (self.images[:n], self.labels[:n]) for n in short}
 
@@ -192,7 +192,7 @@ def create_classification_loader(
 
     if backend == "synthetic":
         shape = (crop_size, crop_size, 3) if layout == "HWC" else (3, crop_size, crop_size)
-        return SyntheticLoader(num_batches=plan.batches_per_epoch, batch_size=batch_size, shape=shape,
+        return SyntheticLoader(batch_size=batch_size, shape=shape,
                                num_classes=source.num_classes, device=default_device(device_id, plan.dist),
                                dtype=dtype, sizes=batch_sizes(plan.num_samples, batch_size=batch_size,
                                                               shard_id=plan.dist.rank, num_shards=plan.dist.world_size,

@@ -46,6 +46,7 @@ from crossdali.common.runs import choose_run_dir, epoch_line, finish_run, open_m
 from crossdali.common.script import TrainingStopped, UsageError, configure_logging
 from crossdali.common.train_args import resolve_backend
 from crossdali.pytorch.distributed import Runtime, init_distributed
+from crossdali.pytorch.loaders import SyntheticBatches  # the scripts' synthetic loader, in __all__ here too
 
 __all__ = ["ENGINES", "CHECKPOINT_LAST", "CHECKPOINT_BEST", "training_session", "choose_backend", "seed_everything",
            "agree_run_dir", "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision",
@@ -261,33 +262,6 @@ def evaluate_multilabel(model: torch.nn.Module, criterion: torch.nn.Module, load
 
     found = multilabel_metrics(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
     return stats | {"val_map": found["map"], "val_f1": found["f1"]}
-
-
-class SyntheticBatches:
-    """One batch of tensors, repeated ``num_batches`` times per epoch: the model's speed without
-    any input pipeline (``--data-backend synthetic``). Same loader contract as the real ones. With
-    ``sizes`` (``crossdali.common.epochs.batch_sizes``) the batches have the data loaders' sizes, the
-    short last one included."""
-
-    def __init__(self, batch: tuple[torch.Tensor, ...], *, num_batches: int, num_classes: int,
-                 sizes: list[int] | None = None) -> None:
-        self.batch, self.batch_size, self.num_classes = batch, batch[0].shape[0], num_classes
-        self.epoch = 0
-        self.sizes = list(sizes) if sizes else [self.batch_size] * max(1, num_batches)
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        for n in self.sizes:
-            yield self.batch if n == self.batch_size else tuple(t[:n] for t in self.batch)
-        self.epoch += 1
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
 
 
 def gather_objects(runtime: Runtime, obj: Any) -> list:

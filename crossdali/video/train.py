@@ -78,8 +78,8 @@ def _synthetic_loader(num_clips: int, num_classes: int, args, runtime: Runtime, 
     policy = choose_last_batch_policy(train=train, num_shards=runtime.dist.world_size)
     sizes = batch_sizes(num_clips, batch_size=n, shard_id=runtime.dist.rank, num_shards=runtime.dist.world_size,
                         policy=policy)  # the real loader's, short last one too
-    return SyntheticBatches(tuple(t.to(runtime.device) for t in batch), num_batches=len(sizes),
-                            num_classes=num_classes, sizes=sizes)
+    return SyntheticBatches(tuple(t.to(runtime.device) for t in batch), sizes=sizes,
+                            num_classes=num_classes)
 
 
 def load_data(args, runtime: Runtime, backend: str):

@@ -21,6 +21,15 @@ def test_unset_becomes_32_and_a_users_value_wins(monkeypatch):
     assert cuda_queues.queues_hint() is None
 
 
+def test_a_queue_count_cuda_cannot_give_is_refused(monkeypatch):
+    import pytest
+
+    _unset(monkeypatch)
+    with pytest.raises(ValueError, match="1 to 32 hardware queues, not 33"):
+        cuda_queues.share_gpu_with_dali(33)
+    assert cuda_queues.share_gpu_with_dali(8) == "8"
+
+
 def test_the_pytorch_training_session_sets_them_before_cuda(monkeypatch):
     """Every PyTorch training script enters training_session first; it sets the variable before the
     process group (and with it CUDA) starts."""

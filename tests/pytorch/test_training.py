@@ -195,7 +195,7 @@ def test_a_step_is_recorded_one_step_late_and_read_before_every_checkpoint(tmp_p
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = create_scheduler(optimizer, epochs=1, steps_per_epoch=5, warmup_epochs=0)
-    batches = SyntheticBatches((torch.randn(4, 3), torch.randint(0, 2, (4,))), num_batches=5, num_classes=2)
+    batches = SyntheticBatches((torch.randn(4, 3), torch.randint(0, 2, (4,))), sizes=[4] * 5, num_classes=2)
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
                        amp=MixedPrecision(enabled=False, runtime=CPU), loader=batches)
     tracker = StepTracker(state, runtime=CPU, checkpointer=Checkpointer(tmp_path, runtime=CPU, meta={}, metric=None),
@@ -275,6 +275,6 @@ def test_synthetic_batches_take_the_given_sizes():
 
     sizes = batch_sizes(9, batch_size=4, shard_id=0, num_shards=1, policy=LastBatchPolicy.PARTIAL)
     assert sizes == [4, 4, 1]
-    loader = SyntheticBatches((torch.zeros(4, 3), torch.arange(4)), num_batches=3, num_classes=4, sizes=sizes)
+    loader = SyntheticBatches((torch.zeros(4, 3), torch.arange(4)), sizes=sizes, num_classes=4)
     assert len(loader) == 3 and [tuple(t.shape[0] for t in b) for b in loader] == [(4, 4), (4, 4), (1, 1)]
     assert loader.epoch == 1
