@@ -85,7 +85,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="per synthetic and data training row, comma-separated: 'scaler' (plain SGD; GradScaler "
                              "waits for the device every step), 'fused' (fused SGD: the host runs ahead), 'lookahead' "
                              "(fused SGD, the loss read every step, the next batch fetched before that read), 'lagged', "
-                             "'lagged2', 'lagged3' (fused SGD, each loss read one, two, three steps late)")
+                             "'lagged2', 'lagged3' (fused SGD, each loss read one, two, three steps late), 'copied', 'copied2' "
+                             "(fused SGD, each loss copied to the host at its step, read one or two steps late)")
     parser.add_argument("--train-prefetch", default="2",
                         help="DALI's prefetch_queue_depth for the DALI training rows, comma-separated (one row each)")
     parser.add_argument("--train-profile-steps", type=int, default=0,
@@ -360,16 +361,26 @@ TRAIN_LOOPS = {
     # fused SGD, the loss read on the host every step (as a trainer logging it does), the next batch
     # fetched before that read: the fetch overlaps the step on the GPU
     "lookahead": " [fused SGD, next batch fetched before the loss is read]",
-    # fused SGD, each step's loss read after the next step is launched (crossdali's trainer since 2026-11-26) ...
+    # fused SGD, each step's loss tensor read (``.item()``) after the next step is launched (crossdali's trainer
+    # from 2026-11-26 until 'copied' replaced it) ... or two or three steps later. The read copies the loss
+    # behind every kernel queued since, so each one waits until the GPU has nothing left: all three drain the
+    # GPU's queue once a step, whatever the lag
     "lagged": " [fused SGD, loss read one step late]",
-    # ... or two or three steps later: how far the host must run ahead for DALI to keep up
     "lagged2": " [fused SGD, loss read two steps late]",
     "lagged3": " [fused SGD, loss read three steps late]",
+    # fused SGD, each step's loss copied to pinned host memory right after its step is launched (non-blocking,
+    # with a CUDA event), read one or two steps later after that event: the host waits for that step only,
+    # while the GPU runs the next one (crossdali's trainer since then)
+    "copied": " [fused SGD, loss copied at its step, read one step late]",
+    "copied2": " [fused SGD, loss copied at its step, read two steps late]",
 }
+
+#: how many steps late each ``TRAIN_LOOPS`` entry reads the loss on the host (0: only after the timed steps)
+LOSS_LAG = {"lagged": 1, "lagged2": 2, "lagged3": 3, "copied": 1, "copied2": 2}
 
 
 def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: int = 10, *,
-                 sync_each_step: bool = False, lookahead: bool = False, lag: int = 0,
+                 sync_each_step: bool = False, lookahead: bool = False, lag: int = 0, copy_loss: bool = False,
                  profile_steps: int = 0) -> dict:
     """``steps`` training steps after ``warmup`` untimed ones; the data wait of every step.
 
@@ -380,7 +391,8 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
     the host fetches the batch and launches the first kernels of the step, which costs more the longer
     the host takes. ``lookahead`` fetches step k+1's batch after launching step k and before reading
     step k's loss (``loss.item()`` every step): that fetch is the step's data wait, overlapped with
-    the GPU's work. ``lag`` > 0 reads step k's loss after launching step k + lag (crossdali's trainer).
+    the GPU's work. ``lag`` > 0 reads step k's loss after launching step k + lag; ``copy_loss`` copies
+    it to the host when step k is launched and waits for that copy only (crossdali's trainer).
     ``profile_steps`` more steps run under ``torch.profiler`` after the timed ones
     (``_kernel_time``)."""
     model.train()
@@ -417,9 +429,19 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
         waits.append(wait)
         last_loss = loss.detach()
         if lag:
-            unread.append(last_loss)
+            copied = None
+            if copy_loss and last_loss.is_cuda:
+                value = torch.empty_like(last_loss, device="cpu", pin_memory=True).copy_(last_loss, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
+                unread.append((value, copied))
+            else:
+                unread.append((last_loss, None))
             while len(unread) > lag:
-                unread.popleft().item()
+                value, copied = unread.popleft()
+                if copied is not None:
+                    copied.synchronize()
+                value.item()
         return images.shape[0]
 
     for step in range(warmup + steps):
@@ -687,7 +709,7 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
                     row.update(_train_steps(loader, model, optimizer, scaler, device, args.train_steps,
                                             args.train_warmup, sync_each_step=mode == "step",
                                             lookahead=loop == "lookahead",
-                                            lag={"lagged": 1, "lagged2": 2, "lagged3": 3}.get(loop, 0),
+                                            lag=LOSS_LAG.get(loop, 0), copy_loss=loop.startswith("copied"),
                                             profile_steps=args.train_profile_steps))
                 row["engine_load"] = load.mean(start, time.perf_counter())
                 print(f"train {name:46s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:.1f} % "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -104,6 +104,18 @@ case $phase in
     step train_lag_depth 230 "$py" -m benchmarks.classification_loaders --out "$out/train_lag_depth" --skip-loader \
       --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 2 --train-steps 100 \
       --train-loop fused,lagged,lagged2,lagged3 ;;
+  traincopy)  # issue 14: the 'lagged' loops read the loss tensor, and that read is copied behind every kernel queued
+    # since it, so each drains the GPU's queue. The loss copied to pinned host memory at its step and read one or two
+    # steps late after that copy's event (crossdali's trainer since), beside the fused loop and the old read; then the
+    # trainer's GPU tests (the read returns while later work still runs)
+    step train_copy 260 "$py" -m benchmarks.classification_loaders --out "$out/train_copy" --skip-loader \
+      --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 2 --train-steps 120 \
+      --train-loop fused,lagged,copied,copied2
+    step tracker_gpu_tests 120 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/pytorch/test_training.py ;;
+  trainercopy)  # issue 14: the PyTorch training script with the loss copied at its step (the trainer's fix), three
+    # interleaved rounds as in 'trainer'
+    step trainer_copy_queues32 300 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
+      --rounds 3 --epochs 4 --timeout 90 --out "$out/trainer_copy_queues32" ;;
   video)  # issue 14: both DALI readers, fn.decoders.video, the GPU peers (PyNvVideoCodec, torchcodec: staged
     # into /tmp/site-extra by .device-stage/x*, on PYTHONPATH, PEER_LD_PATH=/tmp/site-extra/av.libs), the
     # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)

@@ -498,7 +498,8 @@ class Checkpointer:
 class _Step:
     """A finished step whose loss the host has not read yet (``StepTracker``)."""
 
-    loss: torch.Tensor
+    loss: torch.Tensor  #: on the host: on a GPU run, a pinned copy that lands when ``copied`` has happened
+    copied: torch.cuda.Event | None
     samples: int
     epoch: int
     step: int
@@ -512,13 +513,15 @@ class StepTracker:
     time, the ``step`` metrics record, the progress bar or line, ``checkpoint_last`` every
     ``checkpoint_every`` steps, and the graceful stop (``StopRequest``) after a step.
 
-    A step's loss is read on the host one step late, after the next step is launched, so the host
-    does not wait for the step it has just queued (with a fused optimizer nothing else makes it wait;
-    ``create_optimizer``). Measured on an H100 (README, classification section): ResNet-50 fed by
-    ``dali-gpu`` still trains at 93-94 % of synthetic speed this way against 97 % for a loop that never
-    reads the loss; reading it less often is the next experiment. The records, sums and progress are
-    the same, one step later; every checkpoint, stop and epoch end reads the pending step first. Step
-    times tile the epoch: from one ``step_done`` to the next (the pending step's until its last kernel)."""
+    A step's loss is copied to the host as its last queued work (a pinned, non-blocking copy and a CUDA
+    event) and read one step late, after the next step is launched: the host waits for that step's
+    kernels only, while the GPU runs the next one (with a fused optimizer nothing else makes it wait;
+    ``create_optimizer``). Reading the loss tensor itself (``float(loss)``, ``loss.item()``) would copy it
+    behind every kernel queued since, so the host would wait until the GPU had nothing left to do: that
+    cost ResNet-50 fed by ``dali-gpu`` on an H100 3-4 points of synthetic speed (README, classification
+    section). The records, sums and progress are the same, one step later; every checkpoint, stop and
+    epoch end reads the pending step first. Step times tile the epoch: from one ``step_done`` to the next
+    (the pending step's until its last kernel)."""
 
     def __init__(self, state: TrainState, *, runtime: Runtime, checkpointer: Checkpointer, metrics: MetricsWriter,
                  stop: StopRequest, epochs: int, checkpoint_every: int = 0, print_freq: int = 10,
@@ -551,7 +554,12 @@ class StepTracker:
         now = time.perf_counter()
         state.step += 1
         state.global_step += 1
-        done = _Step(loss=loss.detach(), samples=samples, epoch=state.epoch + 1, step=state.step, lr=self._lr,
+        loss, copied = loss.detach(), None
+        if loss.is_cuda:  # copied behind this step's kernels, not behind the next step's (the docstring)
+            loss = torch.empty_like(loss, device="cpu", pin_memory=True).copy_(loss, non_blocking=True)  # pinned: no wait
+            copied = torch.cuda.Event()
+            copied.record()
+        done = _Step(loss=loss, copied=copied, samples=samples, epoch=state.epoch + 1, step=state.step, lr=self._lr,
                      wait=self._wait, seconds=now - self._t0)
         self._t0 = now
         previous, self._pending = self._pending, done
@@ -567,7 +575,9 @@ class StepTracker:
     def _record(self, step: _Step) -> None:
         """A step's loss read on the host, added to the epoch's sums, the metrics and the progress."""
         state = self.state
-        value = float(step.loss)  # waits for that step's kernels only
+        if step.copied is not None:
+            step.copied.synchronize()  # that step's kernels and its loss's copy, not the ones queued since
+        value = float(step.loss)
         state.sums["loss"] += value * step.samples
         state.sums["samples"] += step.samples
         state.sums["data_wait"] += step.wait
@@ -584,8 +594,8 @@ class StepTracker:
         step, self._pending = self._pending, None
         if step is None:
             return
-        if step.loss.is_cuda:
-            torch.cuda.synchronize(step.loss.device)
+        if step.copied is not None:
+            torch.cuda.synchronize()  # every kernel queued: the step's time runs until the GPU is done
         step.seconds += time.perf_counter() - self._t0
         self._record(step)
         self._t0 = time.perf_counter()

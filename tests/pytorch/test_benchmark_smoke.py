@@ -83,13 +83,13 @@ def test_classification_training_rounds_give_the_ratio_to_synthetic(tmp_path, da
 
 
 def test_classification_training_loops_record_their_loss(tmp_path, data_root):
-    """The training loops of issue 14 (plain SGD, fused SGD, loss read two steps late) run and record a
+    """The training loops of issue 14 (plain SGD, fused SGD, loss copied at its step and read two steps late) run and record a
     finite final loss per row (a NaN row is marked invalid and left out of the ratios); a bad loop name
     is one line and exit 2."""
     report = _run("benchmarks.classification_loaders", tmp_path, data_root, "--skip-loader",
-                  "--train-backends", "synthetic", "--train-loop", "scaler,fused,lagged2", "--cuda-queues", "unset")
+                  "--train-backends", "synthetic", "--train-loop", "scaler,fused,copied2", "--cuda-queues", "unset")
     rows = report["train"]
-    assert [r["loop"] for r in rows] == ["scaler", "fused", "lagged2"]
+    assert [r["loop"] for r in rows] == ["scaler", "fused", "copied2"]
     assert all("error" not in r and r["final_loss"] == r["final_loss"] and r["final_loss"] > 0 for r in rows), rows
     proc = subprocess.run([sys.executable, "-m", "benchmarks.classification_loaders", "--smoke", "--out", str(tmp_path),
                            "--skip-loader", "--train-loop", "fast"], cwd=ROOT, capture_output=True, text=True, timeout=300)
