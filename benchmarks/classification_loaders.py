@@ -72,6 +72,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--pipelines", default="2,4",
                         help="DALI pipelines per process (pipelines=), each with --workers / N threads: the "
                              "dali-cpu and dali-gpu (hardware share 1) rows that split the shard")
+    parser.add_argument("--pipeline-hw-loads", default="1",
+                        help="hw_decoder_load values of the dali-gpu --pipelines rows, comma-separated (one row each): "
+                             "below 1, the rest of the JPEGs go to nvJPEG's CUDA decoder (Huffman on the pipeline's CPU "
+                             "threads) beside the hardware engines")
     parser.add_argument("--skip-train", action="store_true", help="only the bare loader measurement")
     parser.add_argument("--skip-loader", action="store_true", help="only the training measurement")
     parser.add_argument("--min-seconds", type=float, default=5.0,
@@ -522,7 +526,20 @@ def _forever(loader):
         yield from loader
 
 
+def _shares(flag: str, text: str) -> list[float]:
+    """A comma-separated list of hardware-decoder shares (0 to 1), or one line and exit 2."""
+    try:
+        shares = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        shares = [-1.0]
+    if any(not 0.0 <= x <= 1.0 for x in shares):
+        raise usage_error(f"{flag} {text!r}: give hw_decoder_load values from 0 to 1, comma-separated (e.g. 0.9,1)")
+    return shares
+
+
 def main(args: argparse.Namespace) -> dict:
+    for flag, text in (("--hw-loads", args.hw_loads), ("--pipeline-hw-loads", args.pipeline_hw_loads)):
+        _shares(flag, text)  # a bad value fails here, not after minutes of other rows
     if args.cuda_queues != "unset":  # before anything starts CUDA: it reads the variable once
         if not args.cuda_queues.isdigit() or not 1 <= int(args.cuda_queues) <= QUEUES:
             raise usage_error(f"--cuda-queues {args.cuda_queues!r}: give 1 to {QUEUES}, or 'unset'")
@@ -563,7 +580,7 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
     ]
     spdl_missing = _spdl_missing(source.files[0])
-    for share in (float(x) for x in args.hw_loads.split(",") if x):
+    for share in _shares("--hw-loads", args.hw_loads):
         configs.append((f"DALI GPU hw_decoder_load={share:g}", dict(backend="dali-gpu", workers=workers, hw_decoder_load=share)))
     for threads in (int(x) for x in args.threads.split(",") if x):
         if threads != workers:
@@ -573,7 +590,9 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         split = dict(workers=max(1, workers // k), pipelines=k)
         configs.append((f"DALI CPU, {k} pipelines", dict(backend="dali-cpu", **split)))
         if device.type == "cuda":
-            configs.append((f"DALI GPU hw_decoder_load=1, {k} pipelines", dict(backend="dali-gpu", **split)))
+            for share in _shares("--pipeline-hw-loads", args.pipeline_hw_loads):
+                configs.append((f"DALI GPU hw_decoder_load={share:g}, {k} pipelines",
+                                dict(backend="dali-gpu", hw_decoder_load=share, **split)))
 
     results, train = [], []
     report = {

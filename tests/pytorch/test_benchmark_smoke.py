@@ -94,6 +94,9 @@ def test_classification_training_loops_record_their_loss(tmp_path, data_root):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.classification_loaders", "--smoke", "--out", str(tmp_path),
                            "--skip-loader", "--train-loop", "fast"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--train-loop 'fast'" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.classification_loaders", "--smoke", "--out", str(tmp_path),
+                           "--pipeline-hw-loads", "0.9,2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--pipeline-hw-loads '0.9,2'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_detection_benchmark_smoke(tmp_path, data_root):
