@@ -50,8 +50,8 @@ from crossdali.pytorch.loaders import SyntheticBatches  # the scripts' synthetic
 
 __all__ = ["ENGINES", "CHECKPOINT_LAST", "CHECKPOINT_BEST", "training_session", "choose_backend", "seed_everything",
            "agree_run_dir", "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision",
-           "accuracy_counts", "evaluate_classifier", "SyntheticBatches", "gather_objects", "StopRequest", "TrainState",
-           "Checkpointer", "load_checkpoint", "StepTracker", "Run", "start_run"]
+           "accuracy_counts", "topk_correct", "evaluate_classifier", "SyntheticBatches", "gather_objects", "StopRequest",
+           "TrainState", "Checkpointer", "load_checkpoint", "StepTracker", "Run", "start_run"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -201,12 +201,17 @@ class MixedPrecision:
         self.scaler.update()
 
 
-def accuracy_counts(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...] = (1, 5)) -> list[int]:
-    """Number of samples whose target is among the top-k predictions, for each k."""
+def topk_correct(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...] = (1, 5)) -> torch.Tensor:
+    """Number of samples whose target is among the top-k predictions, for each k, on ``output``'s device."""
     maxk = min(max(topk), output.shape[1])
     pred = output.topk(maxk, dim=1).indices
     correct = pred.eq(target.view(-1, 1))
-    return [int(correct[:, : min(k, maxk)].any(dim=1).sum()) for k in topk]
+    return torch.stack([correct[:, : min(k, maxk)].any(dim=1).sum() for k in topk])
+
+
+def accuracy_counts(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...] = (1, 5)) -> list[int]:
+    """Number of samples whose target is among the top-k predictions, for each k."""
+    return topk_correct(output, target, topk).tolist()
 
 
 def val_outputs(model: torch.nn.Module, loader: Iterable, *, runtime: Runtime, amp: MixedPrecision,
@@ -227,12 +232,16 @@ def evaluate_classifier(model: torch.nn.Module, criterion: torch.nn.Module, load
                         amp: MixedPrecision, num_classes: int, channels_last: bool = False) -> dict[str, float]:
     """Loss and top-k (k < classes) over every val sample, each seen once across all ranks."""
     ks = topk_for(num_classes)
-    loss_sum, seen, correct = 0.0, 0, [0] * len(ks)
+    # the loss sum and the top-k counts stay on the device until the last batch: a read per batch would
+    # make the host wait for each batch's model before fetching the next one (StepTracker's docstring)
+    totals = torch.zeros(1 + len(ks), dtype=torch.float64, device=runtime.device)
+    seen = 0
     start = time.perf_counter()
     for output, target in val_outputs(model, loader, runtime=runtime, amp=amp, channels_last=channels_last):
-        loss_sum += float(criterion(output, target)) * output.shape[0]
-        correct = [c + n for c, n in zip(correct, accuracy_counts(output, target, ks))]
+        totals[0] += criterion(output, target).double() * output.shape[0]
+        totals[1:] += topk_correct(output, target, ks)
         seen += output.shape[0]
+    loss_sum, *correct = totals.tolist()
     loss_sum, seen, *correct = runtime.all_reduce_sum([loss_sum, seen, *correct])
     stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
     return stats | {f"val_top{k}": 100 * c / max(seen, 1) for k, c in zip(ks, correct)}

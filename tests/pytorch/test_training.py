@@ -172,6 +172,20 @@ def test_accuracy_counts_and_evaluation_top_k_only_below_the_class_count():
     assert "val_top5" not in stats  # top-5 of 3 classes would always be 100 %
 
 
+def test_evaluation_sums_every_batch_weighted_by_its_size():
+    """The sums stay on the device across batches (one read at the end): the loss is the mean over
+    samples, not over batches, and a short last batch counts by its size."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(n, 7), torch.randint(0, 7, (n,))) for n in (5, 5, 2)]
+    stats = evaluate_classifier(torch.nn.Identity(), torch.nn.CrossEntropyLoss(), batches, runtime=CPU,
+                                amp=MixedPrecision(enabled=False, runtime=CPU), num_classes=7)
+    logits, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    assert stats["val_samples"] == 12
+    assert stats["val_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, labels)))
+    assert stats["val_top1"] == pytest.approx(100 * float((logits.argmax(1) == labels).float().mean()))
+    assert stats["val_top5"] == pytest.approx(100 * accuracy_counts(logits, labels, topk=(5,))[0] / 12)
+
+
 def test_a_diverged_run_stops_with_one_line_naming_the_learning_rate(tmp_path):
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
