@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|classgrid|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|classgrid|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|classgrid|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|classgrid|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -122,6 +122,14 @@ case $phase in
     # decode_jpeg in the same run (no training rows)
     step class_grid 420 "$py" -m benchmarks.classification_loaders --out "$out/class_grid" --skip-train \
       --hw-loads 1 --threads "" --pipelines 2,4 --pipeline-hw-loads 0.7,0.8,0.9,1 ;;
+  trainjax)  # issue 14: the JAX training script on the GPU (never measured before), synthetic and dali-gpu interleaved
+    # over two rounds; the loss read one step late and the learning rates computed on the CPU (reading either right
+    # after dispatch waits for the step), with the 32 CUDA queues the script now sets
+    step trainer_jax_queues32 330 "$py" -m benchmarks.training_speed --framework jax --backends synthetic,dali-gpu \
+      --rounds 2 --epochs 3 --timeout 150 --out "$out/trainer_jax_queues32" ;;
+  trainjax8)  # the same with CUDA's 8 queues (the variable set before the script starts)
+    step trainer_jax_queues8 330 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$py" -m benchmarks.training_speed --framework jax \
+      --backends synthetic,dali-gpu --rounds 2 --epochs 3 --timeout 150 --out "$out/trainer_jax_queues8" ;;
   video)  # issue 14: both DALI readers, fn.decoders.video, the GPU peers (PyNvVideoCodec, torchcodec: staged
     # into /tmp/site-extra by .device-stage/x*, on PYTHONPATH, PEER_LD_PATH=/tmp/site-extra/av.libs), the
     # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)

@@ -34,6 +34,8 @@ import optax
 from flax.training import train_state
 
 from crossdali.common import script_parsers
+from crossdali.common.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
+from crossdali.common.cuda_queues import share_gpu_with_dali
 from crossdali.common.distributed import detect_distributed
 from crossdali.common.metrics import format_test_line, val_stats
 from crossdali.common.runs import (
@@ -104,10 +106,28 @@ def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: 
 
 def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
                     steps: StepLog) -> tuple[TrainState, dict[str, float]]:
+    """One epoch of ``train_step``. The host reads each step's loss after dispatching the next step:
+    JAX waits for that step's result only, so the GPU has a step queued while the host fetches the
+    next batch (reading it right away left the GPU idle for every fetch). The learning rates come from
+    the host's step count, computed on the CPU once an epoch: ``schedule(state.step)`` per step would
+    run behind the queued step on the GPU and wait for it. Step times tile the epoch, from one dispatch
+    to the next (the last step's until its result is ready)."""
     loss_sum, seen, data_wait = 0.0, 0, 0.0
-    start = time.perf_counter()
+    first = int(state.step)  # the previous epoch is finished here: nothing is waited for
+    with jax.default_device(jax.devices("cpu")[0]):
+        lrs = np.asarray(jax.vmap(schedule)(jnp.arange(first, first + max(1, len(loader)))))
+    pending: list | None = None  # [loss, samples, data wait, seconds, lr] of the step not read yet
+
+    def record(step: list) -> None:
+        nonlocal loss_sum, seen
+        loss, n, wait, seconds, lr = step
+        value = float(loss)  # that step's result only: the next step is already queued
+        loss_sum, seen = loss_sum + value * n, seen + n
+        steps.update(loss=value, lr=lr, samples=n, step_seconds=seconds, data_wait_seconds=wait)
+
+    start = last = time.perf_counter()
     it = iter(loader)
-    for _ in range(len(loader)):
+    for k in range(len(loader)):
         t0 = time.perf_counter()
         try:
             images, labels = next(it)
@@ -118,17 +138,19 @@ def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
         # a no-op for dali-gpu; dali-cpu batches live on JAX's CPU device and move to the step's device
         images, labels = jax.device_put((images, labels), device)
         state, loss = train_step(state, images, labels)
-        n = int(images.shape[0])
-        value = float(loss)  # waits for the step (as PyTorch's loop does): step times are real
-        loss_sum, seen = loss_sum + value * n, seen + n
-        steps.update(loss=value, lr=float(schedule(state.step - 1)), samples=n,
-                     step_seconds=time.perf_counter() - t0, data_wait_seconds=wait)
+        now = time.perf_counter()
+        if pending is not None:
+            record(pending)
+        pending, last = [loss, int(images.shape[0]), wait, now - last, float(lrs[k])], now
+    if pending is not None:
+        jax.block_until_ready(pending[0])
+        pending[3] += time.perf_counter() - last
+        record(pending)
     steps.close()
     for _ in it:  # a shard may end with a skipped padding-only batch: finish the epoch
         pass
-    loss_total = loss_sum
     elapsed = time.perf_counter() - start
-    return state, {"train_loss": loss_total / max(seen, 1), "train_img_s": seen / elapsed, "data_wait_s": data_wait,
+    return state, {"train_loss": loss_sum / max(seen, 1), "train_img_s": seen / elapsed, "data_wait_s": data_wait,
                    "train_samples": seen, "train_seconds": elapsed}
 
 
@@ -211,11 +233,14 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     if dist.is_distributed:
         raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes, but the JAX example trains in one "
                            "process (jax.distributed is not wired here); run it without a launcher")
+    queues = share_gpu_with_dali()  # before JAX starts CUDA: hardware queues for DALI's streams beside XLA's
     backend = resolve_backend(args.data_backend, gpu=str(jax.devices()[0]) if jax.default_backend() == "gpu" else None,
                               cpu_note=f"JAX's default backend is {jax.default_backend()}: DALI runs all operators on the CPU",
                               no_gpu=f"a CUDA GPU visible to JAX (CPU-only jaxlib? pip install 'jax[cuda13]=={jax.__version__}')")
     device = jax.devices()[0]
     log.info("JAX %s on %s", jax.__version__, device)
+    if backend == "dali-gpu":
+        log.info("%s=%s (CUDA hardware queues: DALI's streams beside XLA's)", CUDA_QUEUES_VARIABLE, queues)
     log_accepted_flags(args, channels_last="the flax models here are NHWC already",
                        checkpoint_every=f"the JAX script saves {CHECKPOINT} at epoch ends only; a run killed "
                                         "mid-epoch redoes that epoch")
@@ -255,7 +280,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     metrics = open_metrics(run_dir, continuing=args.resume is not None)
     log.info("outputs: %s", run_dir)
     metrics.write(event="start", task="classification", framework="jax", arch=args.arch, backend=backend, world_size=1,
-                  batch_size=args.batch_size, lr=base_lr, epochs=args.epochs, device=str(device))
+                  batch_size=args.batch_size, lr=base_lr, epochs=args.epochs, device=str(device),
+                  cuda_queues=queues if jax.default_backend() == "gpu" else None)
     train_step, eval_step = make_steps(model, num_classes=num_classes, label_smoothing=args.label_smoothing,
                                        multi_label=args.multi_label)
 
