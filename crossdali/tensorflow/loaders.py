@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
+from crossdali.common.epochs import LastBatchPolicy, batch_sizes
 from crossdali.common.loaders import SplitPlan, prepare_split
 from crossdali.common.options import CLASSIFICATION_BACKENDS, PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, find_undecodable, resolve_source
@@ -402,32 +402,38 @@ class NativeLoader:
 
 
 class SyntheticLoader:
-    """One random batch, repeated: the upper bound a training loop reaches with free input."""
+    """One random batch, repeated at the data loaders' batch sizes (``sizes``: ``batch_sizes``, a
+    PARTIAL epoch's short last batch included): the upper bound a training loop reaches with free
+    input, step for step."""
 
-    def __init__(self, *, steps: int, batch_size: int, image_shape: tuple[int, ...], dtype: tf.DType,
+    def __init__(self, *, sizes: list[int], batch_size: int, image_shape: tuple[int, ...], dtype: tf.DType,
                  num_classes: int) -> None:
         g = tf.random.Generator.from_seed(0)
         self.images = tf.cast(g.normal((batch_size, *image_shape), dtype=tf.float32), dtype)
         self.labels = g.uniform([batch_size], 0, max(1, num_classes), dtype=tf.int64)
         self.batch_size, self.num_classes, self.backend, self.epoch = batch_size, num_classes, "synthetic", 0
-        self._steps = max(1, steps)
+        self._sizes = list(sizes) or [batch_size]
 
     @property
     def steps_per_epoch(self) -> int:
-        return self._steps
+        return len(self._sizes)
 
     def __len__(self) -> int:
-        return self._steps
+        return len(self._sizes)
 
     def __iter__(self) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
-        for i in range(self._steps):
-            if i == self._steps - 1:
+        for i, n in enumerate(self._sizes):
+            if i == len(self._sizes) - 1:
                 self.epoch += 1
-            yield self.images, self.labels
+            yield (self.images, self.labels) if n == self.batch_size else (self.images[:n], self.labels[:n])
 
     @functools.cached_property
     def dataset(self) -> tf.data.Dataset:
-        return tf.data.Dataset.from_tensors((self.images, self.labels)).repeat()
+        if all(n == self.batch_size for n in self._sizes):  # a static batch dimension, as before
+            return tf.data.Dataset.from_tensors((self.images, self.labels)).repeat()
+        images, labels = self.images, self.labels
+        return tf.data.Dataset.from_tensor_slices(tf.constant(self._sizes, tf.int64)).repeat().map(
+            lambda n: (images[:n], labels[:n]))
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch}
@@ -540,7 +546,9 @@ def create_classification_loader(
     source = plan.source
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout)
     if backend == "synthetic":
-        return SyntheticLoader(steps=plan.batches_per_epoch, batch_size=batch_size, image_shape=_image_shape(transform),
+        sizes = batch_sizes(plan.num_samples, batch_size=batch_size, shard_id=plan.dist.rank,
+                            num_shards=plan.dist.world_size, policy=plan.policy)
+        return SyntheticLoader(sizes=sizes, batch_size=batch_size, image_shape=_image_shape(transform),
                                dtype=tf.float16 if dtype == "float16" else tf.float32, num_classes=source.num_classes)
     if backend == "native":
         return _native_loader(plan, transform=transform, workers=workers, seed=seed)

@@ -39,11 +39,20 @@ def test_backends_yield_tf_batches_on_cpu(tiny_classification, backend, train):
         assert "CPU" in images.device
         assert labels.dtype == tf.int64 and tuple(labels.shape) == (images.shape[0],)
         assert 0 <= int(tf.reduce_min(labels)) and int(tf.reduce_max(labels)) < 11
+    # every sample once, in the same batch sizes for every backend (synthetic: the ceiling step for step)
+    assert [int(lab.shape[0]) for _, lab in batches] == [16] * (16 if train else 3) + [8 if train else 7]
     if backend != "synthetic":
-        assert sum(int(lab.shape[0]) for _, lab in batches) == (264 if train else 55)
         # normalized pixels: roughly zero-mean, unit-scale, not a constant
         x = np.concatenate([b[0].numpy() for b in batches])
         assert -1.5 < x.mean() < 1.5 and 0.3 < x.std() < 2.0
+
+
+def test_synthetic_dataset_repeats_the_epochs_batch_sizes(tiny_classification):
+    """Keras' view of the synthetic loader: endless, each epoch in the data loaders' batch sizes."""
+    loader = create_classification_loader(tiny_classification / "imagefolder", train=True, backend="synthetic",
+                                          batch_size=16, crop_size=CROP)
+    sizes = [int(x.shape[0]) for x, _ in loader.dataset.take(2 * loader.steps_per_epoch)]
+    assert sizes == 2 * ([16] * 16 + [8])
 
 
 def test_chw_layout_and_float16(tiny_classification):
