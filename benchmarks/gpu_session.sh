@@ -124,12 +124,15 @@ case $phase in
       --hw-loads 1 --threads "" --pipelines 2,4 --pipeline-hw-loads 0.7,0.8,0.9,1 ;;
   trainjax)  # issue 14: the JAX training script on the GPU (never measured before), synthetic and dali-gpu interleaved
     # over two rounds; the loss read one step late and the learning rates computed on the CPU (reading either right
-    # after dispatch waits for the step), with the 32 CUDA queues the script now sets
+    # after dispatch waits for the step), with the 32 CUDA queues the script now sets. A process takes about 100 s
+    # (XLA compiles for 40-50 s), so the second round's dali-gpu row ran past this limit on 2026-11-26
     step trainer_jax_queues32 330 "$py" -m benchmarks.training_speed --framework jax --backends synthetic,dali-gpu \
       --rounds 2 --epochs 3 --timeout 150 --out "$out/trainer_jax_queues32" ;;
-  trainjax8)  # the same with CUDA's 8 queues (the variable set before the script starts)
-    step trainer_jax_queues8 330 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$py" -m benchmarks.training_speed --framework jax \
-      --backends synthetic,dali-gpu --rounds 2 --epochs 3 --timeout 150 --out "$out/trainer_jax_queues8" ;;
+  trainjax8)  # one round with the 32 CUDA queues the script sets, then one with CUDA's 8 (set before it starts)
+    step trainer_jax_round_queues32 240 "$py" -m benchmarks.training_speed --framework jax --backends synthetic,dali-gpu \
+      --epochs 3 --timeout 150 --out "$out/trainer_jax_round_queues32"
+    step trainer_jax_round_queues8 240 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$py" -m benchmarks.training_speed \
+      --framework jax --backends synthetic,dali-gpu --epochs 3 --timeout 150 --out "$out/trainer_jax_round_queues8" ;;
   video)  # issue 14: both DALI readers, fn.decoders.video, the GPU peers (PyNvVideoCodec, torchcodec: staged
     # into /tmp/site-extra by .device-stage/x*, on PYTHONPATH, PEER_LD_PATH=/tmp/site-extra/av.libs), the
     # CPU decoders; gop48 test videos (PyAV) at 1080p (every configuration) and 720p (the best ones)
