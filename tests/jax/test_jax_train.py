@@ -40,6 +40,16 @@ def test_training_beats_chance(data_root, tiny_classification, tmp_path, monkeyp
     assert [r["epoch"] for r in epochs] == list(range(1, 7))
     assert {"train_img_s", "data_wait_s", "val_top1", "val_top5"} <= set(epochs[-1])
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    # every step recorded once and in order, though each loss is read after the next step is dispatched,
+    # with the loss the epoch's sum holds and the schedule's rate (computed on the host)
+    steps = [r for r in records if r["event"] == "step"]
+    assert [(r["epoch"], r["step"]) for r in steps] == [(e, k) for e in range(1, 7) for k in range(1, 12)]
+    for epoch in epochs:
+        mine = [r for r in steps if r["epoch"] == epoch["epoch"]]
+        mean = sum(r["loss"] * r["samples"] for r in mine) / sum(r["samples"] for r in mine)
+        assert mean == pytest.approx(epoch["train_loss"], rel=1e-5)
+    assert steps[0]["lr"] == pytest.approx(0.1 * 0.8 * 24 / 256)  # the warm-up's first rate
+    assert steps[-1]["lr"] < steps[11]["lr"]  # cosine decay after the warm-up epoch
     # the best val top-1's checkpoint, a copy of that epoch's checkpoint.msgpack: its weights give
     # exactly the val numbers they were saved with
     meta = assert_best_checkpoint(tmp_path, framework="jax", suffixes=[".msgpack"],
