@@ -57,7 +57,7 @@ from crossdali.common.cuda_queues import QUEUES, share_gpu_with_dali
 from crossdali.common.sample_data import ensure_classification
 from crossdali.common.sources import resolve_source
 from crossdali.pytorch import create_classification_loader
-from crossdali.pytorch.training import create_optimizer
+from crossdali.pytorch.training import copy_to_host, create_optimizer
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -433,14 +433,8 @@ def _train_steps(loader, model, optimizer, scaler, device, steps: int, warmup: i
         waits.append(wait)
         last_loss = loss.detach()
         if lag:
-            copied = None
-            if copy_loss and last_loss.is_cuda:
-                value = torch.empty_like(last_loss, device="cpu", pin_memory=True).copy_(last_loss, non_blocking=True)
-                copied = torch.cuda.Event()
-                copied.record()
-                unread.append((value, copied))
-            else:
-                unread.append((last_loss, None))
+            # the trainer's copy (crossdali.pytorch.training.copy_to_host), or the loss tensor itself
+            unread.append(copy_to_host(last_loss) if copy_loss else (last_loss, None))
             while len(unread) > lag:
                 value, copied = unread.popleft()
                 if copied is not None:

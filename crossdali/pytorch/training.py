@@ -51,7 +51,7 @@ from crossdali.pytorch.loaders import SyntheticBatches  # the scripts' synthetic
 __all__ = ["ENGINES", "CHECKPOINT_LAST", "CHECKPOINT_BEST", "training_session", "choose_backend", "seed_everything",
            "agree_run_dir", "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision",
            "accuracy_counts", "topk_correct", "evaluate_classifier", "SyntheticBatches", "gather_objects", "StopRequest",
-           "TrainState", "Checkpointer", "load_checkpoint", "StepTracker", "Run", "start_run"]
+           "TrainState", "Checkpointer", "copy_to_host", "load_checkpoint", "StepTracker", "Run", "start_run"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -503,6 +503,19 @@ class Checkpointer:
                                  f"{key}={self.meta[key]!r}: pass the same --arch and data")
 
 
+def copy_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A host copy of ``tensor`` and, for a CUDA tensor, the event after which it holds the value: the
+    copy (into pinned memory, non-blocking) is queued now, behind the kernels queued so far and not
+    behind later ones, so ``event.synchronize()`` later waits for those kernels only (``StepTracker``)."""
+    tensor = tensor.detach()
+    if not tensor.is_cuda:
+        return tensor, None
+    host = torch.empty_like(tensor, device="cpu", pin_memory=True).copy_(tensor, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return host, copied
+
+
 @dataclass
 class _Step:
     """A finished step whose loss the host has not read yet (``StepTracker``)."""
@@ -563,11 +576,7 @@ class StepTracker:
         now = time.perf_counter()
         state.step += 1
         state.global_step += 1
-        loss, copied = loss.detach(), None
-        if loss.is_cuda:  # copied behind this step's kernels, not behind the next step's (the docstring)
-            loss = torch.empty_like(loss, device="cpu", pin_memory=True).copy_(loss, non_blocking=True)  # pinned: no wait
-            copied = torch.cuda.Event()
-            copied.record()
+        loss, copied = copy_to_host(loss)  # behind this step's kernels, not behind the next step's
         done = _Step(loss=loss, copied=copied, samples=samples, epoch=state.epoch + 1, step=state.step, lr=self._lr,
                      wait=self._wait, seconds=now - self._t0)
         self._t0 = now
