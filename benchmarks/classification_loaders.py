@@ -532,8 +532,6 @@ def _shares(flag: str, text: str) -> list[float]:
 
 
 def main(args: argparse.Namespace) -> dict:
-    for flag, text in (("--hw-loads", args.hw_loads), ("--pipeline-hw-loads", args.pipeline_hw_loads)):
-        _shares(flag, text)  # a bad value fails here, not after minutes of other rows
     if args.cuda_queues != "unset":  # before anything starts CUDA: it reads the variable once
         if not args.cuda_queues.isdigit() or not 1 <= int(args.cuda_queues) <= QUEUES:
             raise usage_error(f"--cuda-queues {args.cuda_queues!r}: give 1 to {QUEUES}, or 'unset'")
@@ -547,6 +545,9 @@ def main(args: argparse.Namespace) -> dict:
         args.train_threads, args.arch, args.crop_size, args.train_sync = "", "resnet18", 64, "none"
     elif not torch.cuda.is_available():
         raise usage_error("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
+    # parsed before any row runs, so a bad value fails before minutes of other rows
+    args.hw_shares = _shares("--hw-loads", args.hw_loads)
+    args.pipeline_hw_shares = _shares("--pipeline-hw-loads", args.pipeline_hw_loads)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     with EngineLoad(log=args.out / "dmon_classification.log") as load:
@@ -574,7 +575,7 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         ("DALI CPU", dict(backend="dali-cpu", workers=workers)),
     ]
     spdl_missing = _spdl_missing(source.files[0])
-    for share in _shares("--hw-loads", args.hw_loads):
+    for share in args.hw_shares:
         configs.append((f"DALI GPU hw_decoder_load={share:g}", dict(backend="dali-gpu", workers=workers, hw_decoder_load=share)))
     for threads in (int(x) for x in args.threads.split(",") if x):
         if threads != workers:
@@ -584,7 +585,7 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         split = dict(workers=max(1, workers // k), pipelines=k)
         configs.append((f"DALI CPU, {k} pipelines", dict(backend="dali-cpu", **split)))
         if device.type == "cuda":
-            for share in _shares("--pipeline-hw-loads", args.pipeline_hw_loads):
+            for share in args.pipeline_hw_shares:
                 configs.append((f"DALI GPU hw_decoder_load={share:g}, {k} pipelines",
                                 dict(backend="dali-gpu", hw_decoder_load=share, **split)))
 

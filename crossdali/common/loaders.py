@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
+from crossdali.common.epochs import (
+    LastBatchPolicy,
+    batch_sizes,
+    batches_per_epoch,
+    choose_last_batch_policy,
+    log_epoch_plan,
+)
 from crossdali.common.options import PipelineOptions, check_backend, pipeline_options
 from crossdali.common.script import UsageError
 
@@ -76,6 +82,13 @@ class SplitPlan:
     def batches_per_epoch(self) -> int:
         return batches_per_epoch(self.num_samples, batch_size=self.batch_size // self.pipelines,
                                  num_shards=self.dist.world_size * self.pipelines, policy=self.policy)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """This shard's batch sizes per epoch, as the DALI loaders yield them (one pipeline; what the
+        synthetic loaders of every framework yield, to be their ceiling step for step)."""
+        return batch_sizes(self.num_samples, batch_size=self.batch_size, shard_id=self.dist.rank,
+                           num_shards=self.dist.world_size, policy=self.policy)
 
     @property
     def num_classes(self) -> int:

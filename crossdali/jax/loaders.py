@@ -31,7 +31,7 @@ from nvidia.dali.plugin.jax import DALIGenericIterator
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.dali_loader import DALIIteratorLoader
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batch_sizes
+from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataSource, explain_decode_failure, resolve_source
 
@@ -194,9 +194,7 @@ def create_classification_loader(
         shape = (crop_size, crop_size, 3) if layout == "HWC" else (3, crop_size, crop_size)
         return SyntheticLoader(batch_size=batch_size, shape=shape,
                                num_classes=source.num_classes, device=default_device(device_id, plan.dist),
-                               dtype=dtype, sizes=batch_sizes(plan.num_samples, batch_size=batch_size,
-                                                              shard_id=plan.dist.rank, num_shards=plan.dist.world_size,
-                                                              policy=plan.policy))
+                               dtype=dtype, sizes=plan.batch_sizes)
     require_gpu(backend)
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
                                     checkpointing=checkpointing)

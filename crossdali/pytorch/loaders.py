@@ -26,7 +26,7 @@ from crossdali.common.classification import READER_NAME, ClassificationTransform
 from crossdali.common.cuda_queues import queues_hint
 from crossdali.common.dali_loader import DALIIteratorLoader
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batch_sizes
+from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.loaders import prepare_split
 from crossdali.common.options import CLASSIFICATION_BACKENDS
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
@@ -242,9 +242,7 @@ def create_classification_loader(
         labels = torch.randint(0, max(1, source.num_classes), (batch_size,), generator=g)
         return SyntheticBatches(
             (images.to(device=device, dtype=torch.float16 if dtype == "float16" else torch.float32), labels.to(device)),
-            num_classes=source.num_classes, sizes=batch_sizes(plan.num_samples, batch_size=batch_size,
-                                                              shard_id=dist.rank, num_shards=dist.world_size,
-                                                              policy=plan.policy))
+            num_classes=source.num_classes, sizes=plan.batch_sizes)
     if backend == "native":
         from crossdali.pytorch.presets import ClassificationPresetEval, ClassificationPresetTrain
 

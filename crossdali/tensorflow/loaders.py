@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batch_sizes
+from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.loaders import SplitPlan, prepare_split
 from crossdali.common.options import CLASSIFICATION_BACKENDS, PipelineOptions
 from crossdali.common.sources import DataError, DataSource, explain_decode_failure, find_undecodable, resolve_source
@@ -402,7 +402,7 @@ class NativeLoader:
 
 
 class SyntheticLoader:
-    """One random batch, repeated at the data loaders' batch sizes (``sizes``: ``batch_sizes``, a
+    """One random batch, repeated at the data loaders' batch sizes (``sizes``: ``SplitPlan.batch_sizes``, a
     PARTIAL epoch's short last batch included): the upper bound a training loop reaches with free
     input, step for step."""
 
@@ -546,9 +546,7 @@ def create_classification_loader(
     source = plan.source
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout)
     if backend == "synthetic":
-        sizes = batch_sizes(plan.num_samples, batch_size=batch_size, shard_id=plan.dist.rank,
-                            num_shards=plan.dist.world_size, policy=plan.policy)
-        return SyntheticLoader(sizes=sizes, batch_size=batch_size, image_shape=_image_shape(transform),
+        return SyntheticLoader(sizes=plan.batch_sizes, batch_size=batch_size, image_shape=_image_shape(transform),
                                dtype=tf.float16 if dtype == "float16" else tf.float32, num_classes=source.num_classes)
     if backend == "native":
         return _native_loader(plan, transform=transform, workers=workers, seed=seed)
