@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|classgrid|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|classgrid|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -122,6 +122,23 @@ case $phase in
     # decode_jpeg in the same run (no training rows)
     step class_grid 420 "$py" -m benchmarks.classification_loaders --out "$out/class_grid" --skip-train \
       --hw-loads 1 --threads "" --pipelines 2,4 --pipeline-hw-loads 0.7,0.8,0.9,1 ;;
+  trainpipes)  # issue 14: the PyTorch training script with its dali-gpu loader split over 1 and 2 pipelines (2 loaded
+    # 10.8-11.9x native on 2026-11-26, 1 only 8.3-9.1x; does a second pipeline slow the model it feeds?), beside
+    # synthetic, three interleaved rounds as in 'trainercopy'
+    step trainer_pipelines 470 "$py" -m benchmarks.training_speed --framework pytorch \
+      --backends synthetic,dali-gpu,dali-gpu:2 --rounds 3 --epochs 4 --timeout 90 --out "$out/trainer_pipelines" ;;
+  classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
+    # DALI's; its FFmpeg is PyAV's, whose libraries carry auditwheel's hashed names, so SPDL gets links with the
+    # names it loads), 1 and 2 dali-gpu pipelines (2 at hardware shares 0.9 and 1), no training rows
+    links=/tmp/spdl-ffmpeg; mkdir -p "$links"
+    for lib in "${SITE:-/tmp/site}"/av.libs/lib{avcodec,avdevice,avfilter,avformat,avutil,swresample,swscale}-*.so.*; do
+      [ -e "$lib" ] || continue
+      base=${lib##*/}; major=${base#*.so.}; ln -sf "$lib" "$links/${base%%-*}.so.${major%%.*}"
+    done
+    ls "$links" > "$out/spdl_ffmpeg_links.txt"
+    step class_all 540 env LD_LIBRARY_PATH="$links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$py" \
+      -m benchmarks.classification_loaders --out "$out/class_all" --skip-train --hw-loads 1 --threads "" \
+      --pipelines 2 --pipeline-hw-loads 0.9,1 ;;
   trainjax)  # issue 14: the JAX training script on the GPU (never measured before), synthetic and dali-gpu interleaved
     # over two rounds; the loss read one step late and the learning rates computed on the CPU (reading either right
     # after dispatch waits for the step), with the 32 CUDA queues the script now sets. A process takes about 100 s

@@ -41,7 +41,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--framework", choices=list(SCRIPTS), default="tensorflow")
     parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON and PNG")
-    parser.add_argument("--backends", default="synthetic,dali-gpu,native", help="comma-separated, in run order")
+    parser.add_argument("--backends", default="synthetic,dali-gpu,native",
+                        help="comma-separated, in run order; 'dali-gpu:2' (PyTorch) runs the script with --pipelines 2")
     parser.add_argument("--arch", default="resnet50")
     parser.add_argument("-b", "--batch-size", type=int, default=256)
     parser.add_argument("--crop-size", type=int, default=224)
@@ -72,7 +73,7 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
     waits = sorted(1000 * r["data_wait_s"] for r in steps)
     return {"steps": len(steps), "images": sum(r["samples"] for r in steps), "seconds": seconds,
             # what the script ran with, from its start record (PyTorch's: CUDA queues, fused optimizer)
-            **{k: start[k] for k in ("cuda_queues", "fused_optimizer") if k in start},
+            **{k: start[k] for k in ("cuda_queues", "fused_optimizer", "pipelines") if k in start},
             "img_s": sum(r["samples"] for r in steps) / seconds, "data_wait_share": wait / seconds,
             "median_step_ms": 1000 * times[len(times) // 2], "mean_data_wait_ms": 1000 * wait / len(steps),
             # the wait of every timed step, as the script's metrics.jsonl recorded it (issue 14)
@@ -81,16 +82,44 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
             "data_wait_ms_per_step": [round(1000 * r["data_wait_s"], 3) for r in steps]}
 
 
-def run_row(backend: str, args: argparse.Namespace, work: Path, *, round_: int | None = None) -> dict:
-    run_dir = work / (backend if round_ is None else f"{backend}-round{round_}")
+def parse_backends(text: str, framework: str) -> list[tuple[str, int | None]]:
+    """``--backends``: ``(backend, pipelines)`` per entry, ``pipelines`` None where the entry gives none."""
+    rows = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        backend, sep, count = entry.partition(":")
+        if not sep:
+            rows.append((backend, None))
+            continue
+        if framework != "pytorch" or not backend.startswith("dali-"):
+            raise usage_error(f"--backends {entry!r}: ':N' pipelines apply to the PyTorch script's dali-gpu / dali-cpu "
+                              f"rows only (--framework pytorch)")
+        if not count.isdigit() or int(count) < 1:
+            raise usage_error(f"--backends {entry!r}: give the pipelines as a positive integer, e.g. {backend}:2")
+        rows.append((backend, int(count)))
+    if not rows:
+        raise usage_error(f"--backends {text!r}: give at least one backend, e.g. synthetic,dali-gpu")
+    return rows
+
+
+def row_label(backend: str, pipelines: int | None) -> str:
+    return backend if pipelines is None else f"{backend}:{pipelines}"
+
+
+def run_row(backend: str, args: argparse.Namespace, work: Path, *, round_: int | None = None,
+            pipelines: int | None = None) -> dict:
+    label = row_label(backend, pipelines)
+    name = label.replace(":", "-x")
+    run_dir = work / (name if round_ is None else f"{name}-round{round_}")
     cmd = [sys.executable, "-m", SCRIPTS[args.framework], "--sample-size", args.sample_size, "--arch", args.arch,
            "-b", str(args.batch_size), "--crop-size", str(args.crop_size), "--epochs", str(args.epochs),
            "--data-backend", backend, "-j", str(args.workers), "--output-dir", str(run_dir), "--print-freq", "0",
-           "--skip-check", *(["--amp"] if args.amp else [])]
+           "--skip-check", *(["--amp"] if args.amp else []), *(["--pipelines", str(pipelines)] if pipelines else [])]
     if args.framework == "pytorch" and args.amp:
         cmd.append("--channels-last")
-    row = {"backend": backend, **({"round": round_} if round_ is not None else {}), "run": run_dir.name,
-           "command": " ".join(cmd[1:])}
+    row = {"backend": backend, "label": label, **({"round": round_} if round_ is not None else {}),
+           "run": run_dir.name, "command": " ".join(cmd[1:])}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     try:
@@ -105,19 +134,23 @@ def run_row(backend: str, args: argparse.Namespace, work: Path, *, round_: int |
 
 
 def _round_shares(rows: list[dict]) -> dict:
-    """Each backend's images/s over synthetic's of the same round: mean, min, max over the rounds."""
+    """Each row's images/s over synthetic's of the same round: mean, min, max over the rounds."""
     synthetic = {r["round"]: r["img_s"] for r in rows if r["backend"] == "synthetic" and "img_s" in r}
     shares: dict[str, list[float]] = {}
     for r in rows:
         if r["backend"] != "synthetic" and "img_s" in r and r["round"] in synthetic:
-            shares.setdefault(r["backend"], []).append(r["img_s"] / synthetic[r["round"]])
+            shares.setdefault(_label(r), []).append(r["img_s"] / synthetic[r["round"]])
     return {b: round_spread(v) for b, v in shares.items()}
+
+
+def _label(row: dict) -> str:
+    return row.get("label", row["backend"])  # JSONs written before ':N' rows have no label
 
 
 def plot(report: dict, png: Path) -> Path | None:
     rows = [r for r in report["rows"] if "img_s" in r]
     return bar_png(
-        png, [r["backend"] + (f" (round {r['round']})" if "round" in r else "") for r in rows],
+        png, [_label(r) + (f" (round {r['round']})" if "round" in r else "") for r in rows],
         [r["img_s"] for r in rows], headroom=1.5,
         colors=[backend_color(r["backend"]) for r in rows],
         labels=[f"{r['img_s']:,.0f} img/s, data wait {100 * r['data_wait_share']:.0f} %" for r in rows],
@@ -146,6 +179,7 @@ def main(args: argparse.Namespace) -> dict:
         args.arch = {"tensorflow": "small_cnn", "pytorch": "resnet18", "jax": "resnet18"}[args.framework]
         args.backends = args.backends.replace("dali-gpu", "dali-cpu")
     args.workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
+    backends = parse_backends(args.backends, args.framework)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"training_speed_{args.framework}.json"
     report = {"benchmark": "training_speed", "command": " ".join(["python", "-m", "benchmarks.training_speed",
@@ -160,10 +194,10 @@ def main(args: argparse.Namespace) -> dict:
         raise usage_error(f"--rounds {args.rounds}: give 1 or more")
     with tempfile.TemporaryDirectory(prefix="training-speed-") as tmp:
         for k in range(args.rounds):
-            for backend in [b for b in args.backends.split(",") if b]:
-                row = run_row(backend, args, Path(tmp), round_=k + 1 if args.rounds > 1 else None)
+            for backend, pipelines in backends:
+                row = run_row(backend, args, Path(tmp), round_=k + 1 if args.rounds > 1 else None, pipelines=pipelines)
                 report["rows"].append(row)
-                name = backend + (f" (round {k + 1})" if args.rounds > 1 else "")
+                name = row["label"] + (f" (round {k + 1})" if args.rounds > 1 else "")
                 if "error" in row:
                     print(f"{name:20s} FAILED: {row['error']}", flush=True)
                     log = Path(tmp) / f"{row['run']}.log"
@@ -173,7 +207,7 @@ def main(args: argparse.Namespace) -> dict:
                     print(f"{name:20s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:4.1f} %  "
                           f"median step {row['median_step_ms']:.1f} ms", flush=True)
                 path.write_text(json.dumps(report, indent=2) + "\n")
-    rates = {r["backend"]: r["img_s"] for r in report["rows"] if "img_s" in r and r.get("round", 1) == 1}
+    rates = {_label(r): r["img_s"] for r in report["rows"] if "img_s" in r and r.get("round", 1) == 1}
     if "synthetic" in rates:
         report["share_of_synthetic"] = {b: v / rates["synthetic"] for b, v in rates.items()}
     if args.rounds > 1:

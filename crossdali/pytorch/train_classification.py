@@ -26,6 +26,7 @@ import torchvision
 from crossdali.common import script_parsers
 from crossdali.common.metrics import format_test_line
 from crossdali.common.multilabel import resolve_multilabel_splits
+from crossdali.common.options import DALI_BACKENDS
 from crossdali.common.sample_data import class_names as sample_class_names
 from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import UsageError, run
@@ -99,6 +100,13 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
 
 def load_data(args, runtime: Runtime, backend: str):
     """Train and val loaders over the same dataset, sharded by the global rank, and the class names."""
+    if args.pipelines != 1:
+        if args.multi_label:
+            raise UsageError(f"--pipelines {args.pipelines}: the --multi-label loader runs one DALI pipeline per "
+                             "process; leave --pipelines out")
+        if backend not in DALI_BACKENDS:
+            raise UsageError(f"--pipelines {args.pipelines} splits DALI pipelines, and --data-backend {backend} has "
+                             f"none: use {' or '.join(DALI_BACKENDS)}, or leave --pipelines out")
     if args.multi_label:
         return load_multilabel_data(args, runtime, backend)
     data = args.data
@@ -111,8 +119,9 @@ def load_data(args, runtime: Runtime, backend: str):
     train_src = resolve_source(data, "train", **check)
     val_src = resolve_source(data, "val", **check)
     # checkpointing: the train loader's state_dict carries DALI's position for a mid-epoch resume
-    train_loader = create_classification_loader(train_src, train=True, checkpointing=True, **common)
-    val_loader = create_classification_loader(val_src, train=False, **common)
+    train_loader = create_classification_loader(train_src, train=True, checkpointing=True, pipelines=args.pipelines,
+                                                **common)
+    val_loader = create_classification_loader(val_src, train=False, pipelines=args.pipelines, **common)
     num_classes = args.num_classes or train_src.num_classes
     if not num_classes:
         raise UsageError(f"cannot tell the number of classes of the {train_src.format} data at {data}: "
@@ -149,7 +158,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     metric = "val_map" if args.multi_label else "val_top1"
     r = start_run(args, runtime, model, train_loader, task="classification", metric=metric, ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=256,
-                  meta={"multi_label": args.multi_label})
+                  meta={"multi_label": args.multi_label}, start={"pipelines": args.pipelines})
 
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes,

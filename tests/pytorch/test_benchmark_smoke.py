@@ -126,3 +126,29 @@ def test_video_benchmark_smoke(tmp_path, data_root):
     if shutil.which("nvidia-smi") is None:  # no engines to sample: the load says so instead of inventing one
         assert all(r.get("engine_load") is None for r in report["results"]), report["results"]
     assert (tmp_path / "video_decode.png").stat().st_size > 10_000
+
+
+def test_training_speed_runs_the_pytorch_script_with_its_pipelines(tmp_path, data_root):
+    """``benchmarks/training_speed.py --framework pytorch``: a ``dali-cpu:2`` row runs the real script
+    with ``--pipelines 2`` (its start record says so), beside synthetic, interleaved over 2 rounds;
+    a malformed ``:N`` is one line and exit 2."""
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
+    cmd = [sys.executable, "-m", "benchmarks.training_speed", "--smoke", "--framework", "pytorch", "--out",
+           str(tmp_path)]
+    # measured about 70 s on an idle 2-core CPU machine
+    proc = subprocess.run([*cmd, "--backends", "synthetic,dali-cpu:2", "--rounds", "2"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "training_speed_pytorch.json").read_text())
+    assert [(r["label"], r["round"]) for r in report["rows"]] == [("synthetic", 1), ("dali-cpu:2", 1),
+                                                                  ("synthetic", 2), ("dali-cpu:2", 2)]
+    for row in report["rows"]:
+        assert "error" not in row and row["images"] == 264 and row["img_s"] > 0, row
+        assert row["pipelines"] == (2 if row["backend"] == "dali-cpu" else 1), row
+    assert "--pipelines 2" in report["rows"][1]["command"] and "--pipelines" not in report["rows"][0]["command"]
+    assert report["share_of_synthetic_rounds"]["dali-cpu:2"]["rounds"] == 2
+    assert (tmp_path / "training_speed_pytorch.png").exists()
+    for bad, words in [("synthetic:2", "dali-gpu / dali-cpu rows only"), ("dali-cpu:0", "positive integer")]:
+        proc = subprocess.run([*cmd, "--backends", bad], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+        assert words in proc.stderr and bad in proc.stderr, proc.stderr

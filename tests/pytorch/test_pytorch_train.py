@@ -83,6 +83,34 @@ def test_bad_resume_path_is_one_line(tmp_path, data_root, tiny_classification):
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()  # nothing written for a failed start
 
 
+def test_pipelines_flag_reads_every_image_once_and_resumes_only_with_its_count(tmp_path, data_root,
+                                                                              tiny_classification):
+    """--pipelines 2: the shard split over two DALI pipelines (every image once per epoch, the run's
+    start record says 2); a checkpoint holds both pipelines' DALI positions, so resuming it without
+    --pipelines 2 is refused in one line that names the flag, and with it training goes on."""
+    out = tmp_path / "run"
+    proc = subprocess.run([*TRAIN, "--epochs", "1", "--pipelines", "2", "--output-dir", str(out)],
+                          env=_env(data_root), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_metrics(out)
+    start, = [r for r in records if r["event"] == "start"]
+    epoch, = [r for r in records if r["event"] == "epoch"]
+    assert start["pipelines"] == 2 and (epoch["train_samples"], epoch["val_samples"]) == (264, 55), (start, epoch)
+    # 264 images, batch 32 split 16 + 16: 8 full steps and one of 8
+    assert [r["samples"] for r in records if r["event"] == "step"] == [32] * 8 + [8]
+
+    resume = [*TRAIN, "--epochs", "2", "--resume", str(out / "checkpoint_last.pth")]
+    proc = subprocess.run(resume, env=_env(data_root), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "2 DALI pipeline(s)" in last and "--pipelines 2" in last and "Traceback" not in proc.stderr, last
+    proc = subprocess.run([*resume, "--pipelines", "2"], env=_env(data_root), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    epochs = [r for r in read_metrics(out) if r["event"] == "epoch"]
+    assert [(r["epoch"], r["train_samples"]) for r in epochs] == [(1, 264), (2, 264)]
+
+
 def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517", *args]
 

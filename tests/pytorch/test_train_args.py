@@ -91,3 +91,20 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
     proc = _run("-b", "0", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "train_classification.py: error: argument -b/--batch-size: must be a positive integer, got 0 (see --help)"]
+
+
+def test_pipelines_needs_a_dali_backend_and_a_batch_it_divides(tmp_path, data_root, tiny_classification):
+    """--pipelines: refused in one line, exit 2, where it cannot apply (a backend without DALI
+    pipelines, a batch size it does not divide), before any training."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root)}
+    base = [sys.executable, "-m", "crossdali.pytorch.train_classification", "--sample-size", "tiny", "--epochs", "1",
+            "--output-dir", str(tmp_path / "run")]
+    for argv, words in [(["--data-backend", "native", "--pipelines", "2"], ["--pipelines 2", "--data-backend native"]),
+                        (["--data-backend", "dali-cpu", "-b", "32", "--pipelines", "3"],
+                         ["pipelines=3 (--pipelines)", "batch size 32 (--batch-size)"])]:
+        proc = subprocess.run([*base, *argv], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert all(w in last for w in words), last
+        assert not (tmp_path / "run").exists()
