@@ -124,7 +124,8 @@ case $phase in
       --hw-loads 1 --threads "" --pipelines 2,4 --pipeline-hw-loads 0.7,0.8,0.9,1 ;;
   trainpipes)  # issue 14: the PyTorch training script with its dali-gpu loader split over 1 and 2 pipelines (2 loaded
     # 10.8-11.9x native on 2026-11-26, 1 only 8.3-9.1x; does a second pipeline slow the model it feeds?), beside
-    # synthetic, three interleaved rounds as in 'trainercopy'
+    # synthetic, three interleaved rounds as in 'trainercopy' (the bench set built first: about a minute on 16 cores)
+    step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
     step trainer_pipelines 470 "$py" -m benchmarks.training_speed --framework pytorch \
       --backends synthetic,dali-gpu,dali-gpu:2 --rounds 3 --epochs 4 --timeout 90 --out "$out/trainer_pipelines" ;;
   classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
