@@ -130,14 +130,15 @@ case $phase in
       --backends synthetic,dali-gpu,dali-gpu:2 --rounds 3 --epochs 4 --timeout 90 --out "$out/trainer_pipelines" ;;
   classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
     # DALI's; its FFmpeg is PyAV's, whose libraries carry auditwheel's hashed names, so SPDL gets links with the
-    # names it loads), 1 and 2 dali-gpu pipelines (2 at hardware shares 0.9 and 1), no training rows
-    links=/tmp/spdl-ffmpeg; mkdir -p "$links"
-    for lib in "${SITE:-/tmp/site}"/av.libs/lib{avcodec,avdevice,avfilter,avformat,avutil,swresample,swscale}-*.so.*; do
+    # names it loads; PyAV's folder on the path too, for the libraries those load by hashed name: $ORIGIN is the
+    # link's folder), 1 and 2 dali-gpu pipelines (2 at hardware shares 0.9 and 1), no training rows
+    links=/tmp/spdl-ffmpeg; avlibs=${SITE:-/tmp/site}/av.libs; mkdir -p "$links"
+    for lib in "$avlibs"/lib{avcodec,avdevice,avfilter,avformat,avutil,swresample,swscale}-*.so.*; do
       [ -e "$lib" ] || continue
       base=${lib##*/}; major=${base#*.so.}; ln -sf "$lib" "$links/${base%%-*}.so.${major%%.*}"
     done
     ls "$links" > "$out/spdl_ffmpeg_links.txt"
-    step class_all 540 env LD_LIBRARY_PATH="$links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$py" \
+    step class_all 540 env LD_LIBRARY_PATH="$links:$avlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$py" \
       -m benchmarks.classification_loaders --out "$out/class_all" --skip-train --hw-loads 1 --threads "" \
       --pipelines 2 --pipeline-hw-loads 0.9,1 ;;
   trainjax)  # issue 14: the JAX training script on the GPU (never measured before), synthetic and dali-gpu interleaved
