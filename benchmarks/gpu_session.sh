@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -133,6 +133,10 @@ case $phase in
     step train_grid 400 "$py" -m benchmarks.classification_loaders --out "$out/train_grid" --skip-loader \
       --train-sync none --train-backends synthetic,dali-gpu --train-threads 2,4 --train-rounds 2 --train-steps 120 \
       --train-loop copied --train-prefetch 1,2,3 ;;
+  trainerj4)  # the PyTorch script with its own default of 4 DALI threads (-j 4; the benchmark's default is cores - 1,
+    # 15 here), three interleaved rounds as in 'trainercopy'
+    step trainer_j4 330 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
+      --workers 4 --rounds 3 --epochs 4 --timeout 90 --out "$out/trainer_j4" ;;
   classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
     # DALI's; its FFmpeg is PyAV's, whose libraries carry auditwheel's hashed names, so SPDL gets links with the
     # names it loads; PyAV's folder on the path too, for the libraries those load by hashed name: $ORIGIN is the
