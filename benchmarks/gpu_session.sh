@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -201,6 +201,12 @@ case $phase in
       --resolutions 1080p --work "$CROSSDALI_DATA/video-bench" \
       --only "DALI reader x1 (" --only "DALI reader x7 (" --only "shuffled clips" --only "DALI legacy readers.video x7 (" \
       --only "crossdali loader (PyTorch)" --only "PyNvVideoCodec SimpleDecoder x14" ;;
+  videogop16)  # issue 14: crossdali's loader in training's order (clips shuffled) and val on files with a key frame at
+    # every clip start (gop16: what a training set re-encoded for 16-frame clips gives), beside the raw shuffled
+    # readers: on the gop48 files each shuffled clip decodes from the key frame before it (1,759-1,760 frames/s)
+    step video_loader_gop16 300 "$py" -m benchmarks.video_decode --out "$out/loader_gop16" --encode gop16 \
+      --resolutions 1080p --no-peers --work "$CROSSDALI_DATA/video-bench" \
+      --only "crossdali loader (PyTorch)" --only "shuffled clips" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
   decodeprobe)  # which damaged JPEGs each DALI decoder refuses (the data checker's test corpus depends on it)
