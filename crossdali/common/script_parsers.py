@@ -72,8 +72,9 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--pipelines", type=positive_int, default=1,
                         help="DALI pipelines per process, each decoding its own part of the shard (batch-size / "
                              "pipelines images each per step; the batch size must divide by it; DALI backends, not "
-                             "--multi-label). On an H100, 2 dali-gpu pipelines loaded 10.8-11.9x the native loader "
-                             "against one's 8.3-9.1x (README). A mid-epoch --resume needs the count it was saved with")
+                             "--multi-label). On an H100, 2 dali-gpu pipelines loaded 10.5-11.9x the native loader "
+                             "against one's 8.3-9.1x, but trained ResNet-50 1 point slower (README): use 2 where the "
+                             "loader is the bottleneck. --resume needs the count the checkpoint was saved with")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, channels_last=True, checkpoint_every=True, run_dir=True,
                  debug=True, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
     add_multi_label_arg(parser)

@@ -21,8 +21,9 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
           "--channels-last", "--resume", "--test-only", "--output-dir", "--checkpoint-every", "--seed", "--print-freq",
           "--debug", "--multi-label", "-h", "--help"]
 #: Flags one framework has and the others do not yet, each named here so a new one is a decision:
-#: (none now: --multi-label came to every classification script)
-ONLY_IN: dict[str, set[str]] = {}
+#: --pipelines (the shard split over several DALI pipelines) is PyTorch's only: its loader merges them, and
+#: TensorFlow's DALIDataset, MXNet's and the JAX script's loaders run one pipeline per process
+ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines"}}
 
 
 def _parser(framework: str):
