@@ -1,11 +1,18 @@
-"""Re-encode a video to constant-frame-rate VP9 WebM, which DALI reads on the CPU and the GPU.
+"""Re-encode a video at a constant frame rate: VP9 WebM (DALI reads it on the CPU and the GPU) or
+H.264 MP4 (NVDEC on the GPU), optionally with a key frame every N frames.
 
-    python -m crossdali.video.reencode IN.mp4 OUT.webm --fps 25
+    python -m crossdali.video.reencode IN.mp4 OUT.webm --fps 25              # for the CPU, or VFR files
+    python -m crossdali.video.reencode IN.mp4 OUT.mp4 --fps 25 --key-every 16   # GPU training set, 16-frame clips
 
 The fix the clip pipeline's errors point to for H.264 files on a CPU-only machine and for
 variable-frame-rate files. Output frame ``k`` shows the input frame on screen at ``k / fps``
 seconds (as ffmpeg's ``fps`` filter does): frames are repeated or dropped, never blended.
-Uses PyAV (``pip install av``), so no ffmpeg binary is needed.
+
+``--key-every N`` puts a key frame at every N-th frame and nowhere else (no extra ones at scene
+cuts, which would shift the rest). Why: DALI's reader decodes each shuffled clip from the key frame
+before it; with a key frame at every clip start (N = the clip step) crossdali's loader read 3,016
+1080p frames/s on an H100 against 1,759 with one every 48 frames, for about twice the bitrate
+(README, "Video decoding"). Uses PyAV (``pip install av``), so no ffmpeg binary is needed.
 """
 
 from __future__ import annotations
@@ -14,32 +21,57 @@ import argparse
 from fractions import Fraction
 from pathlib import Path
 
+from crossdali.common.script import UsageError, run
+
+#: output suffix -> (PyAV encoder, default CRF, encoder options). x264 at ``veryfast``: what the H.264
+#: rows of ``benchmarks/video_decode.py`` were measured on.
+CODECS = {
+    ".webm": ("libvpx-vp9", 32, {"b:v": "0", "row-mt": "1", "deadline": "realtime", "cpu-used": "8"}),
+    ".mp4": ("libx264", 23, {"preset": "veryfast"}),
+}
+
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=add_help)
+    parser = argparse.ArgumentParser(prog="python -m crossdali.video.reencode", description=__doc__.splitlines()[0],
+                                     add_help=add_help)
     parser.add_argument("src", type=Path, help="input video (any codec FFmpeg decodes)")
-    parser.add_argument("dst", type=Path, help="output .webm")
+    parser.add_argument("dst", type=Path, help="output: .webm (VP9) or .mp4 (H.264)")
     parser.add_argument("--fps", type=int, default=25, help="constant output frame rate")
-    parser.add_argument("--crf", type=int, default=32, help="VP9 quality (lower is better, 15-35 typical)")
+    parser.add_argument("--crf", type=int, default=None,
+                        help="quality, lower is better (default: VP9 32, H.264 23; 15-35 typical)")
+    parser.add_argument("--key-every", type=int, default=None, metavar="N",
+                        help="a key frame every N frames and nowhere else: the clip step of the training clips "
+                             "(default: the encoder's own choice)")
     return parser
 
 
-def reencode(src: Path, dst: Path, *, fps: int = 25, crf: int = 32) -> int:
-    """Write ``src`` as constant-frame-rate VP9 to ``dst``; return the number of frames written."""
+def reencode(src: Path, dst: Path, *, fps: int = 25, crf: int | None = None, key_every: int | None = None) -> int:
+    """Write ``src`` at a constant ``fps`` to ``dst`` (VP9 for .webm, H.264 for .mp4), with a key
+    frame every ``key_every`` frames if given; return the number of frames written."""
     import av
 
     if not Path(src).is_file():
-        raise FileNotFoundError(f"{src} does not exist")
-    if Path(dst).suffix.lower() != ".webm":
-        raise ValueError(f"the output must be a .webm file (VP9), got {dst}")
+        raise UsageError(f"{src} does not exist")
+    suffix = Path(dst).suffix.lower()
+    if suffix not in CODECS:
+        raise UsageError(f"the output must be a .webm (VP9) or .mp4 (H.264) file, got {dst}")
+    if fps < 1 or (key_every is not None and key_every < 1):
+        raise UsageError(f"--fps {fps} and --key-every {key_every} must be positive")
+    codec, default_crf, options = CODECS[suffix]
+    options = {**options, "crf": str(default_crf if crf is None else crf)}
+    if key_every is not None:
+        # g / keyint_min: libx264's keyint / min-keyint and libvpx's kf_max_dist / kf_min_dist
+        options |= {"g": str(key_every), "keyint_min": str(key_every)}
+        if codec == "libx264":
+            options["sc_threshold"] = "0"  # no key frames at scene cuts: they would shift the later ones
     written = 0
     with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
         in_stream = inp.streams.video[0]
-        stream = out.add_stream("libvpx-vp9", rate=fps)
+        stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height = in_stream.codec_context.width, in_stream.codec_context.height
         stream.pix_fmt = "yuv420p"
         stream.time_base = Fraction(1, fps)
-        stream.options = {"crf": str(crf), "b:v": "0", "row-mt": "1", "deadline": "realtime", "cpu-used": "8"}
+        stream.options = options
 
         def emit(frame, until: float) -> None:
             nonlocal written
@@ -65,9 +97,11 @@ def reencode(src: Path, dst: Path, *, fps: int = 25, crf: int = 32) -> int:
 
 
 def main(args: argparse.Namespace) -> None:
-    n = reencode(args.src, args.dst, fps=args.fps, crf=args.crf)
-    print(f"{args.dst}: {n} frames at a constant {args.fps} fps (VP9)")
+    n = reencode(args.src, args.dst, fps=args.fps, crf=args.crf, key_every=args.key_every)
+    codec = "VP9" if args.dst.suffix.lower() == ".webm" else "H.264"
+    keys = f", a key frame every {args.key_every} frames" if args.key_every else ""
+    print(f"{args.dst}: {n} frames at a constant {args.fps} fps ({codec}{keys})")
 
 
 if __name__ == "__main__":
-    main(get_args_parser().parse_args())
+    run(main, get_args_parser())
