@@ -105,8 +105,10 @@ def load_data(args, runtime: Runtime, backend: str):
             raise UsageError(f"--pipelines {args.pipelines}: the --multi-label loader runs one DALI pipeline per "
                              "process; leave --pipelines out")
         if backend not in DALI_BACKENDS:
-            raise UsageError(f"--pipelines {args.pipelines} splits DALI pipelines, and --data-backend {backend} has "
-                             f"none: use {' or '.join(DALI_BACKENDS)}, or leave --pipelines out")
+            chosen = f"--data-backend {backend}" if args.data_backend == backend else \
+                f"--data-backend {args.data_backend} (here: {backend})"
+            raise UsageError(f"--pipelines {args.pipelines} splits DALI pipelines, and {chosen} has none: use "
+                             f"{' or '.join(DALI_BACKENDS)}, or leave --pipelines out")
     if args.multi_label:
         return load_multilabel_data(args, runtime, backend)
     data = args.data
