@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -137,6 +137,13 @@ case $phase in
     # 15 here), three interleaved rounds as in 'trainercopy'
     step trainer_j4 330 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
       --workers 4 --rounds 3 --epochs 4 --timeout 90 --out "$out/trainer_j4" ;;
+  trainprio)  # issue 14: the model on a CUDA stream of the highest priority, again, now that the loop no longer waits
+    # (32 queues, fused SGD, loss copied at its step; 'trainstream' found no effect with 8 queues and GradScaler's
+    # per-step wait): DALI's kernels, what is left of the gap, then yield the SMs to the model's
+    step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
+    step train_prio 300 "$py" -m benchmarks.classification_loaders --out "$out/train_prio" --skip-loader \
+      --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 3 --train-steps 120 \
+      --train-loop copied --train-stream default,high ;;
   classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
     # DALI's; its FFmpeg is PyAV's, whose libraries carry auditwheel's hashed names, so SPDL gets links with the
     # names it loads; PyAV's folder on the path too, for the libraries those load by hashed name: $ORIGIN is the
