@@ -212,17 +212,24 @@ class OpticalFlowUnavailable(RuntimeError):
     """``fn.optical_flow`` cannot run here: it needs an NVIDIA GPU with the optical-flow engine."""
 
 
-def reencode_command(src: str | Path, *, fps: int = 25) -> str:
-    """The command that turns ``src`` into a constant-frame-rate VP9 WebM that DALI reads on CPU and GPU."""
-    dst = Path(src).with_suffix(".webm")
+def reencode_command(src: str | Path, *, fps: int = 25, key_every: int | None = None) -> str:
+    """The command that turns ``src`` into a constant-frame-rate VP9 WebM that DALI reads on CPU and
+    GPU, or, with ``key_every``, an H.264 MP4 with a key frame every ``key_every`` frames: what the
+    GPU loaders read shuffled clips fastest from (the legacy reader, a key frame at every clip start)."""
+    suffix = ".webm" if key_every is None else ".mp4"
+    dst = Path(src).with_suffix(suffix)
     if dst == Path(src):
-        dst = Path(src).with_name(Path(src).stem + "_cfr.webm")
-    return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps}   "
-            f"(or: ffmpeg -i {src} -vf fps={fps} -c:v libvpx-vp9 -crf 32 -b:v 0 -an {dst})")
+        dst = Path(src).with_name(Path(src).stem + "_cfr" + suffix)
+    if key_every is None:
+        return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps}   "
+                f"(or: ffmpeg -i {src} -vf fps={fps} -c:v libvpx-vp9 -crf 32 -b:v 0 -an {dst})")
+    return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps} --key-every {key_every}   "
+            f"(or: ffmpeg -i {src} -vf fps={fps} -c:v libx264 -crf 23 -g {key_every} -keyint_min {key_every} "
+            f"-sc_threshold 0 -an {dst})")
 
 
-def reencode_hint(path: str | Path, *, fps: float | None = None) -> str:
-    return reencode_command(path, fps=round(fps) if fps else 25)
+def reencode_hint(path: str | Path, *, fps: float | None = None, key_every: int | None = None) -> str:
+    return reencode_command(path, fps=round(fps) if fps else 25, key_every=key_every)
 
 
 def probe_video(path: str | Path) -> VideoInfo:
@@ -286,9 +293,16 @@ def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | No
             f"scale={max(min_side, info.width)}:{max(min_side, info.height)} -c:v libvpx-vp9 -b:v 0 -crf 30 "
             "OUT.webm`, or decode it on the CPU (device='cpu' / --data-backend dali-cpu).")
     if not info.constant_frame_rate:
-        return "video-vfr", (f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so "
-                             "its clips would cover uneven stretches of time. Re-encode it at a constant frame "
-                             "rate: " + reencode_hint(info.path, fps=info.fps))
+        problem = (f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so its clips "
+                   "would cover uneven stretches of time. Re-encode it at a constant frame rate")
+        if device != "cpu" and info.codec in LEGACY_READER_CODECS and transform is not None:
+            # on the GPU keep H.264 (VP9 would move training to the reader that is 10x slower shuffled),
+            # with a key frame at every clip start (module docstring)
+            step = transform.step or transform.sequence_length * transform.stride
+            return "video-vfr", (f"{problem}, in H.264 with a key frame at every clip start (NVDEC reads shuffled "
+                                 "clips fastest from those): "
+                                 + reencode_hint(info.path, fps=info.fps, key_every=step))
+        return "video-vfr", f"{problem}: " + reencode_hint(info.path, fps=info.fps)
     # the experimental reader's rule, the stricter one: every file accepted gives both readers a clip
     if transform is not None and info.num_frames < transform.frames_needed:
         return "video-short", (f"{info.path} has {info.num_frames} frames but a clip needs {transform.frames_needed} "

@@ -59,6 +59,32 @@ def test_variable_frame_rate_file(tmp_path):
     assert abs(n / 25 - (pts[-1] / 1000 + 1 / 25)) <= 1 / 25  # the last frame is shown for 1/fps
 
 
+def test_variable_frame_rate_h264_for_the_gpu_gets_an_h264_fix_with_key_frames_at_clip_starts(tmp_path):
+    """On the GPU an H.264 training file keeps H.264 (the legacy reader, fast with shuffled clips):
+    the hint re-encodes to an .mp4 with a key frame every clip step, and that fix passes the check
+    (probing needs no GPU)."""
+    from crossdali.common.sample_data.video import write_video
+    from crossdali.common.sources import DataError
+    from crossdali.common.video import ClipTransform, check_videos
+    from crossdali.video.reencode import reencode
+
+    vfr = tmp_path / "vfr.mp4"
+    pts = np.cumsum([0] + [40 if i % 2 else 100 for i in range(23)])
+    write_video(vfr, _frames(side=64), codec="h264", pts=pts.tolist(), time_base=Fraction(1, 1000))
+    transform = ClipTransform(sequence_length=4, stride=2)  # clips start every 8 frames
+    with pytest.raises(DataError, match=r"vfr\.mp4 has a variable frame rate.*in H\.264 with a key frame at every "
+                                        r"clip start.*reencode .*vfr\.mp4 .*vfr_cfr\.mp4 --fps \d+ --key-every 8 .*"
+                                        r"-c:v libx264 .*-g 8 -keyint_min 8 -sc_threshold 0"):
+        check_videos([str(vfr)], device="gpu", transform=transform)
+    fixed = tmp_path / "vfr_cfr.mp4"
+    reencode(vfr, fixed, fps=25, key_every=8)
+    (info,) = check_videos([str(fixed)], device="gpu", transform=transform)
+    assert info.constant_frame_rate and info.codec == "h264"
+    # the CPU cannot decode H.264 at all: there the hint stays VP9
+    with pytest.raises(DataError, match=r"vfr\.mp4 is h264; DALI decodes only VP8, VP9 and MJPEG on the CPU"):
+        check_videos([str(vfr)], device="cpu", transform=transform)
+
+
 def test_h264_on_cpu_names_codec_and_fix(tiny_video):
     pytest.importorskip("torch")
     from crossdali.common.sources import DataError
