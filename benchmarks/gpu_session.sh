@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -163,6 +163,10 @@ case $phase in
     # (XLA compiles for 40-50 s), so the second round's dali-gpu row ran past this limit on 2026-11-26
     step trainer_jax_queues32 330 "$py" -m benchmarks.training_speed --framework jax --backends synthetic,dali-gpu \
       --rounds 2 --epochs 3 --timeout 150 --out "$out/trainer_jax_queues32" ;;
+  trainjax2)  # 'trainjax' with room for both rounds (its 330 s cut the second on 2026-11-26): the bench set first
+    step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
+    step trainer_jax_rounds 520 "$py" -m benchmarks.training_speed --framework jax --backends synthetic,dali-gpu \
+      --rounds 2 --epochs 3 --timeout 150 --out "$out/trainer_jax_rounds" ;;
   trainjax8)  # one round with the 32 CUDA queues the script sets, then one with CUDA's 8 (set before it starts)
     step trainer_jax_round_queues32 240 "$py" -m benchmarks.training_speed --framework jax --backends synthetic,dali-gpu \
       --epochs 3 --timeout 150 --out "$out/trainer_jax_round_queues32"
