@@ -37,7 +37,8 @@ def _install(session: nox.Session, framework: str) -> None:
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
-    args = session.posargs or [*paths, "-m", "not gpu"]
+    # --durations: every CI log shows the slowest tests, to compare with pytest-timeout's 1,800 s
+    args = session.posargs or [*paths, "-m", "not gpu", "--durations=15"]
     session.run("python", "-m", "pytest", *args, env=_env())
 
 

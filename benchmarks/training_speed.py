@@ -103,13 +103,9 @@ def parse_backends(text: str, framework: str) -> list[tuple[str, int | None]]:
     return rows
 
 
-def row_label(backend: str, pipelines: int | None) -> str:
-    return backend if pipelines is None else f"{backend}:{pipelines}"
-
-
 def run_row(backend: str, args: argparse.Namespace, work: Path, *, round_: int | None = None,
             pipelines: int | None = None) -> dict:
-    label = row_label(backend, pipelines)
+    label = backend if pipelines is None else f"{backend}:{pipelines}"
     name = label.replace(":", "-x")
     run_dir = work / (name if round_ is None else f"{name}-round{round_}")
     cmd = [sys.executable, "-m", SCRIPTS[args.framework], "--sample-size", args.sample_size, "--arch", args.arch,

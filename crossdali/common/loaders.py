@@ -31,7 +31,7 @@ from crossdali.common.epochs import (
     choose_last_batch_policy,
     log_epoch_plan,
 )
-from crossdali.common.options import PipelineOptions, check_backend, pipeline_options
+from crossdali.common.options import DALI_BACKENDS, PipelineOptions, check_backend, pipeline_options
 from crossdali.common.script import UsageError
 
 __all__ = ["Loader", "SplitPlan", "prepare_split", "encode_dali_checkpoint", "decode_dali_checkpoint"]
@@ -129,6 +129,9 @@ def prepare_split(
     pipelines per shard, each reading its own part with ``batch_size / pipelines`` per step.
     """
     check_backend(backend, backends)
+    if pipelines != 1 and backend not in DALI_BACKENDS:
+        raise UsageError(f"pipelines={pipelines} (--pipelines) splits DALI pipelines, and the {backend!r} backend "
+                         f"(--data-backend) has none: use {' or '.join(DALI_BACKENDS)}, or pipelines=1")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if pipelines < 1 or batch_size % pipelines:

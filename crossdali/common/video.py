@@ -216,16 +216,16 @@ def reencode_command(src: str | Path, *, fps: int = 25, key_every: int | None = 
     """The command that turns ``src`` into a constant-frame-rate VP9 WebM that DALI reads on CPU and
     GPU, or, with ``key_every``, an H.264 MP4 with a key frame every ``key_every`` frames: what the
     GPU loaders read shuffled clips fastest from (the legacy reader, a key frame at every clip start)."""
-    suffix = ".webm" if key_every is None else ".mp4"
+    if key_every is None:
+        suffix, keys, codec = ".webm", "", "-c:v libvpx-vp9 -crf 32 -b:v 0"
+    else:
+        suffix, keys = ".mp4", f" --key-every {key_every}"
+        codec = f"-c:v libx264 -crf 23 -g {key_every} -keyint_min {key_every} -sc_threshold 0"
     dst = Path(src).with_suffix(suffix)
     if dst == Path(src):
         dst = Path(src).with_name(Path(src).stem + "_cfr" + suffix)
-    if key_every is None:
-        return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps}   "
-                f"(or: ffmpeg -i {src} -vf fps={fps} -c:v libvpx-vp9 -crf 32 -b:v 0 -an {dst})")
-    return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps} --key-every {key_every}   "
-            f"(or: ffmpeg -i {src} -vf fps={fps} -c:v libx264 -crf 23 -g {key_every} -keyint_min {key_every} "
-            f"-sc_threshold 0 -an {dst})")
+    return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps}{keys}   "
+            f"(or: ffmpeg -i {src} -vf fps={fps} {codec} -an {dst})")
 
 
 def reencode_hint(path: str | Path, *, fps: float | None = None, key_every: int | None = None) -> str:

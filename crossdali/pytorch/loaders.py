@@ -226,8 +226,6 @@ def create_classification_loader(
     changes the batches, only how much jitter in DALI's speed the queue absorbs.
     The result implements ``crossdali.common.loaders.Loader``.
     """
-    if pipelines != 1 and backend not in ("dali-gpu", "dali-cpu"):
-        raise ValueError(f"pipelines={pipelines} splits DALI pipelines; the {backend!r} backend has none")
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
                          batch_size=batch_size, dist=dist, last_batch=last_batch, pipelines=pipelines)

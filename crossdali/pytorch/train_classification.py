@@ -26,7 +26,6 @@ import torchvision
 from crossdali.common import script_parsers
 from crossdali.common.metrics import format_test_line
 from crossdali.common.multilabel import resolve_multilabel_splits
-from crossdali.common.options import DALI_BACKENDS
 from crossdali.common.sample_data import class_names as sample_class_names
 from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import UsageError, run
@@ -100,15 +99,9 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
 
 def load_data(args, runtime: Runtime, backend: str):
     """Train and val loaders over the same dataset, sharded by the global rank, and the class names."""
-    if args.pipelines != 1:
-        if args.multi_label:
-            raise UsageError(f"--pipelines {args.pipelines}: the --multi-label loader runs one DALI pipeline per "
-                             "process; leave --pipelines out")
-        if backend not in DALI_BACKENDS:
-            chosen = f"--data-backend {backend}" if args.data_backend == backend else \
-                f"--data-backend {args.data_backend} (here: {backend})"
-            raise UsageError(f"--pipelines {args.pipelines} splits DALI pipelines, and {chosen} has none: use "
-                             f"{' or '.join(DALI_BACKENDS)}, or leave --pipelines out")
+    if args.pipelines != 1 and args.multi_label:  # a backend without DALI pipelines: the loader says so
+        raise UsageError(f"--pipelines {args.pipelines}: the --multi-label loader runs one DALI pipeline per "
+                         "process; leave --pipelines out")
     if args.multi_label:
         return load_multilabel_data(args, runtime, backend)
     data = args.data

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from crossdali.common.distributed import DistInfo  # noqa: E402
+from crossdali.common.script import UsageError  # noqa: E402
 from crossdali.common.sources import DataError, resolve_source  # noqa: E402
 from crossdali.pytorch import create_classification_loader  # noqa: E402
 
@@ -96,7 +97,8 @@ def test_pipelines_split_the_shard_and_keep_every_sample_once(indexed_val_source
         assert len(batches) == len(loader) and all(len(b) == 6 for b in batches[:-1])
         seen.append([i for b in batches for i in b])
     assert_epoch_coverage(seen, indexed_val_source.num_samples)
-    with pytest.raises(ValueError, match="the 'native' backend has none"):
+    with pytest.raises(UsageError, match=r"pipelines=2 \(--pipelines\) splits DALI pipelines, and the 'native' "
+                                         r"backend \(--data-backend\) has none"):
         create_classification_loader(indexed_val_source, train=False, backend="native", pipelines=2)
 
 

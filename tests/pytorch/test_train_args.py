@@ -100,7 +100,8 @@ def test_pipelines_needs_a_dali_backend_and_a_batch_it_divides(tmp_path, data_ro
     env = {**os.environ, "CROSSDALI_DATA": str(data_root)}
     base = [sys.executable, "-m", "crossdali.pytorch.train_classification", "--sample-size", "tiny", "--epochs", "1",
             "--output-dir", str(tmp_path / "run")]
-    for argv, words in [(["--data-backend", "native", "--pipelines", "2"], ["--pipelines 2", "--data-backend native"]),
+    for argv, words in [(["--data-backend", "native", "--pipelines", "2"],
+                         ["pipelines=2 (--pipelines)", "'native' backend (--data-backend) has none"]),
                         (["--data-backend", "dali-cpu", "-b", "32", "--pipelines", "3"],
                          ["pipelines=3 (--pipelines)", "batch size 32 (--batch-size)"])]:
         proc = subprocess.run([*base, *argv], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
