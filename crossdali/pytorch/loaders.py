@@ -220,8 +220,8 @@ def create_classification_loader(
     ``crossdali.pytorch.create_video_loader``. On an H100 (``benchmarks/classification_loaders.py``,
     README) 2 ``dali-gpu`` pipelines gave 10.5-11.9x the ``native`` loader against one's 8.3-9.1x: use 2
     where the loader is the bottleneck; 1 stays the default, since training ResNet-50 with 2 ran at
-    95.3 % of synthetic-data speed against 96.5 % with 1 (more of DALI's kernels beside the model's,
-    2026-11-27), and a mid-epoch checkpoint resumes only with the pipeline count it was saved with. ``prefetch_queue_depth``
+    95.3 % of synthetic-data speed against 96.5 % with 1 (H100, 2026-11-27; the cause was not
+    profiled), and a mid-epoch checkpoint resumes only with the pipeline count it was saved with. ``prefetch_queue_depth``
     (DALI backends): batches DALI prepares ahead of the one in use (DALI's default, 2); it never
     changes the batches, only how much jitter in DALI's speed the queue absorbs.
     The result implements ``crossdali.common.loaders.Loader``.
