@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -17,7 +17,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -30,6 +30,11 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to OUT/NAME
   local rc=$?
   echo "$name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$out/steps.txt"
   tail -n 25 "$out/$name.log"
+}
+
+dmon_step() {  # dmon_step NAME SECONDS CMD...: step, with nvidia-smi dmon -s u (1 s engine loads) logged to OUT/dmon_NAME.log
+  local name=$1; nvidia-smi dmon -s u > "$out/dmon_$name.log" 2>&1 & local dmon=$!
+  step "$@"; kill "$dmon" 2>/dev/null; wait "$dmon" 2>/dev/null
 }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; "$py" -c \
@@ -218,6 +223,20 @@ case $phase in
     step video_loader_gop16 300 "$py" -m benchmarks.video_decode --out "$out/loader_gop16" --encode gop16 \
       --resolutions 1080p --no-peers --work "$CROSSDALI_DATA/video-bench" \
       --only "crossdali loader (PyTorch)" --only "shuffled clips" ;;
+  sameday1)  # issue 14 item 4, every benchmark on one day (with classall, trainpipes, trainjax2, videogop16 and the GPU
+    # tests of 2026-11-27): detection, a served model, the external-source loaders (Squirrel staged: see formats)
+    dmon_step detection_loaders 280 "$py" -m benchmarks.detection_loaders --out "$out/detection"
+    dmon_step inference 200 "$py" -m benchmarks.inference --out "$out/inference"
+    dmon_step external_source 200 "$py" -m benchmarks.external_source --out "$out/external_source" ;;
+  sameday2)  # item 4 continued: WebDataset shards and the multi-label list, then the data checker (65,560 files)
+    dmon_step loader_formats 400 "$py" -m benchmarks.loader_formats --out "$out/loader_formats"
+    step bench_set 100 "$py" -m crossdali.common.sample_data --kind classification --size bench --formats imagefolder
+    dmon_step check_speed_x8 120 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
+      --out "$out/check_x8" ;;
+  sameday3)  # item 4 continued: the whole video table with its GPU peers (PyNvVideoCodec 2.2.4, torchcodec staged
+    # beside DALI; PyAV's FFmpeg libraries on the peers' path), gop48 files, 1080p and 720p
+    step video_decode 560 env PEER_LD_PATH="${SITE:-/tmp/site}/av.libs" "$py" -m benchmarks.video_decode \
+      --out "$out/video" --work "$CROSSDALI_DATA/video-bench" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
   decodeprobe)  # which damaged JPEGs each DALI decoder refuses (the data checker's test corpus depends on it)
