@@ -4,6 +4,11 @@
     python -m benchmarks.check_speed --size bench --device gpu --out results/check_speed_h100
     python -m benchmarks.check_speed --size bench --device gpu --copies 8 --out /tmp/c8   # 65,560 files
     python -m benchmarks.check_speed --smoke --out /tmp/check_speed                 # tiny, CPU
+    cd /tmp && PYTHONPATH=OLD:REPO python -m benchmarks.check_speed --fast-only ...   # OLD's crossdali, this script
+
+``--fast-only`` times the fast pass (header walks: CPU work on every device) and nothing else: a
+quick A/B of two trees' fast pass on any machine, e.g. OLD = ``git archive REV crossdali | tar x -C OLD``
+(run outside the repository, so that ``crossdali`` is imported from OLD; the JSON names the folder it came from).
 
 The target on a GPU: the full pass at >= 80 % of the loader's own decode rate (a DALI file reader
 + ``fn.decoders.image``, the classification val pipeline's decoder). The loader is timed twice:
@@ -61,6 +66,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="one more untimed full pass and decoder-alone pass each, recording when the decoder's "
                              "build starts and ends and when each chunk is done (seconds from the call): "
                              "timeline.json under --out")
+    parser.add_argument("--fast-only", action="store_true",
+                        help="time the fast pass only (header walks, CPU work): fast_pass.json under --out")
     parser.add_argument("--smoke", action="store_true", help="tiny set, one repeat (CI)")
     parser.add_argument("--out", type=Path, default=Path("results/check_speed"))
     return parser
@@ -164,6 +171,8 @@ def main(args: argparse.Namespace) -> dict:
     if args.copies > 1:
         files = symlink_copies(files, args.copies, Path(links.name))
     megabytes = sum(os.path.getsize(f) for f in files) / 2**20
+    if args.fast_only:
+        return _fast_only(files, args, megabytes, links)
     rows = {}
     for depth in ("fast", "full"):
         settings = CheckSettings(depth=depth, device=args.device, threads=args.workers, batch_size=args.batch_size,
@@ -207,6 +216,26 @@ def main(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "check_speed.json").write_text(json.dumps(result, indent=1) + "\n")
     _plot(result, args.out / "check_speed.png")
+    print(json.dumps(result, indent=1))
+    return result
+
+
+def _fast_only(files: list[str], args: argparse.Namespace, megabytes: float, links) -> dict:
+    """``--fast-only``: the fast pass's best time over ``--repeats``, and which crossdali ran it."""
+    import crossdali
+    from crossdali.common.check.core import CheckSettings, check_image_files
+
+    settings = CheckSettings(depth="fast", device=args.device, threads=args.workers, batch_size=args.batch_size,
+                             use_cache=False, processes=args.processes)
+    seconds = _timed(lambda: check_image_files(files, root=args.data, settings=settings), args.repeats)
+    links.cleanup()
+    result = {"command": "python -m benchmarks.check_speed " + " ".join(sys.argv[1:]),
+              "crossdali": str(Path(crossdali.__file__).parent), "data": str(args.data), "files": len(files),
+              "megabytes": round(megabytes, 1), "workers": args.workers, "cpu_count": os.cpu_count(),
+              "machine": platform.node(), "repeats": args.repeats, "copies": args.copies,
+              "files_per_s": {"check fast": round(len(files) / seconds, 1)}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fast_pass.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return result
 

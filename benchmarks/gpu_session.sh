@@ -228,13 +228,15 @@ case $phase in
     dmon_step detection_loaders 280 "$py" -m benchmarks.detection_loaders --out "$out/detection"
     dmon_step inference 200 "$py" -m benchmarks.inference --out "$out/inference"
     dmon_step external_source 200 "$py" -m benchmarks.external_source --out "$out/external_source" ;;
-  sameday2)  # item 4 continued: WebDataset shards and the multi-label list, then the data checker (65,560 files)
-    dmon_step loader_formats 400 "$py" -m benchmarks.loader_formats --out "$out/loader_formats"
+  sameday2)  # item 4 continued: WebDataset shards and the multi-label list (LOADER_FORMATS_ARGS=--skip-multilabel: the
+    # ImageFolder and WebDataset rows only, as run on 2026-11-27), then the data checker (65,560 files)
+    dmon_step loader_formats 400 "$py" -m benchmarks.loader_formats --out "$out/loader_formats" ${LOADER_FORMATS_ARGS:-}
     step bench_set 100 "$py" -m crossdali.common.sample_data --kind classification --size bench --formats imagefolder
     dmon_step check_speed_x8 120 "$py" -m benchmarks.check_speed --size bench --device gpu --copies 8 \
       --out "$out/check_x8" ;;
-  sameday3)  # item 4 continued: the whole video table with its GPU peers (PyNvVideoCodec 2.2.4, torchcodec staged
-    # beside DALI; PyAV's FFmpeg libraries on the peers' path), gop48 files, 1080p and 720p
+  sameday3)  # item 4 continued: the whole video table with its GPU peers (PyNvVideoCodec 2.2.4, torchcodec 0.17.0 staged
+    # beside DALI; PyAV's FFmpeg libraries on the peers' path), gop48 files, 1080p and 720p. On 2026-11-27 torchcodec
+    # did not load (it asks for libavutil.so.61 by soname; PyAV's copies carry hashed names, see classall's links)
     step video_decode 560 env PEER_LD_PATH="${SITE:-/tmp/site}/av.libs" "$py" -m benchmarks.video_decode \
       --out "$out/video" --work "$CROSSDALI_DATA/video-bench" ;;
   detection)

@@ -152,3 +152,17 @@ def test_training_speed_runs_the_pytorch_script_with_its_pipelines(tmp_path, dat
         proc = subprocess.run([*cmd, "--backends", bad], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
         assert words in proc.stderr and bad in proc.stderr, proc.stderr
+
+
+def test_check_speed_fast_only_times_the_crossdali_on_its_path(tmp_path, data_root):
+    # the A/B use: run outside the repository with a tree on PYTHONPATH; the JSON names the crossdali that ran
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.check_speed", "--smoke", "--fast-only", "--copies", "2",
+                           "--out", str(tmp_path)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "fast_pass.json").read_text())
+    assert Path(report["crossdali"]) == ROOT / "crossdali"
+    images = [p for p in Path(report["data"]).rglob("*") if p.is_file()]
+    assert report["files"] == 2 * len(images) > 0  # every file, twice (--copies 2)
+    assert list(report["files_per_s"]) == ["check fast"] and report["files_per_s"]["check fast"] > 0
+    assert not (tmp_path / "check_speed.json").exists()  # the full pass and the loader were not timed
