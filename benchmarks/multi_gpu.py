@@ -81,7 +81,7 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
     job = statistics.median(timed)
     return record | {"engine": records[0]["engine"], "img_s": round(job, 1), "img_s_per_gpu": round(job / gpus, 1),
                      "epoch_img_s": [round(r["train_img_s"], 1) for r in epochs],
-                     "val_top1_last": epochs[-1]["val_top1"]}
+                     "val_top1_last": epochs[-1]["val_top1"], "val_samples_last": epochs[-1].get("val_samples")}
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -110,7 +110,8 @@ def main(args: argparse.Namespace) -> list[dict]:
     counts = [int(g) for g in args.gpus.split(",")]
     if args.data_backend == "dali-gpu" and visible < max(counts):
         raise usage_error(f"--gpus {args.gpus} needs {max(counts)} GPUs, {visible} visible: pass --gpus 1,{visible or 1}")
-    ensure_classification(size=args.sample_size)  # build once, before any rank starts
+    root = ensure_classification(size=args.sample_size)  # build once, before any rank starts
+    val_images = sum(1 for p in (root / "imagefolder" / "val").rglob("*") if p.is_file())
     results = []
     for launcher in args.launchers.split(","):
         for gpus in counts:
@@ -125,7 +126,8 @@ def main(args: argparse.Namespace) -> list[dict]:
     meta = {"gpu": torch.cuda.get_device_name(0) if visible else None, "gpus_visible": visible,
             "data_backend": args.data_backend, "amp": args.amp, "torch": torch.__version__,
             "cpu_count": os.cpu_count(), "python": platform.python_version(), "arch": args.arch,
-            "batch_size_per_gpu": args.batch_size, "epochs": args.epochs, "sample_size": args.sample_size}
+            "batch_size_per_gpu": args.batch_size, "epochs": args.epochs, "sample_size": args.sample_size,
+            "val_images": val_images}  # every run's val_samples_last should equal it: each sample once over all ranks
     (args.out / "multi_gpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     plot(results, args.out / "multi_gpu.png")
     return results
