@@ -212,24 +212,46 @@ class OpticalFlowUnavailable(RuntimeError):
     """``fn.optical_flow`` cannot run here: it needs an NVIDIA GPU with the optical-flow engine."""
 
 
-def reencode_command(src: str | Path, *, fps: int = 25, key_every: int | None = None) -> str:
+#: re-encode output suffix -> (codec, FFmpeg encoder, default CRF, encoder options): the one table behind
+#: ``crossdali.video.reencode`` (through PyAV) and the ffmpeg command the errors print, so both encode alike.
+#: x264 at ``veryfast``: what the H.264 rows of ``benchmarks/video_decode.py`` were measured on.
+ENCODERS = {
+    ".webm": ("VP9", "libvpx-vp9", 32, {"b:v": "0", "row-mt": "1", "deadline": "realtime", "cpu-used": "8"}),
+    ".mp4": ("H.264", "libx264", 23, {"preset": "veryfast"}),
+}
+
+
+def encoder_settings(suffix: str, *, crf: int | None = None, key_every: int | None = None) -> tuple[str, dict[str, str]]:
+    """The FFmpeg encoder and its options for a ``.webm`` (VP9) or ``.mp4`` (H.264) output; with
+    ``key_every``, a key frame every ``key_every`` frames and nowhere else."""
+    _, encoder, default_crf, options = ENCODERS[suffix]
+    options = {**options, "crf": str(default_crf if crf is None else crf)}
+    if key_every is not None:
+        # g / keyint_min: libx264's keyint / min-keyint and libvpx's kf_max_dist / kf_min_dist
+        options |= {"g": str(key_every), "keyint_min": str(key_every)}
+        if encoder == "libx264":
+            options["sc_threshold"] = "0"  # no key frames at scene cuts: they would shift the later ones
+    return encoder, options
+
+
+def reencode_command(src: str | Path, *, fps: int = 25, key_every: int | None = None, h264: bool = False) -> str:
     """The command that turns ``src`` into a constant-frame-rate VP9 WebM that DALI reads on CPU and
-    GPU, or, with ``key_every``, an H.264 MP4 with a key frame every ``key_every`` frames: what the
-    GPU loaders read shuffled clips fastest from (the legacy reader, a key frame at every clip start)."""
-    if key_every is None:
-        suffix, keys, codec = ".webm", "", "-c:v libvpx-vp9 -crf 32 -b:v 0"
-    else:
-        suffix, keys = ".mp4", f" --key-every {key_every}"
-        codec = f"-c:v libx264 -crf 23 -g {key_every} -keyint_min {key_every} -sc_threshold 0"
+    GPU, or (``h264``, or with ``key_every``) an H.264 MP4 for NVDEC, with a key frame every ``key_every``
+    frames if given: what the GPU loaders read shuffled clips fastest from (a key frame at every clip start)."""
+    suffix = ".mp4" if h264 or key_every is not None else ".webm"
+    encoder, options = encoder_settings(suffix, key_every=key_every)
+    keys = f" --key-every {key_every}" if key_every is not None else ""
     dst = Path(src).with_suffix(suffix)
     if dst == Path(src):
         dst = Path(src).with_name(Path(src).stem + "_cfr" + suffix)
+    flags = " ".join(f"-{name} {value}" for name, value in options.items())
     return (f"python -m crossdali.video.reencode {src} {dst} --fps {fps}{keys}   "
-            f"(or: ffmpeg -i {src} -vf fps={fps} {codec} -an {dst})")
+            f"(or: ffmpeg -i {src} -vf fps={fps} -c:v {encoder} {flags} -pix_fmt yuv420p -an {dst})")
 
 
-def reencode_hint(path: str | Path, *, fps: float | None = None, key_every: int | None = None) -> str:
-    return reencode_command(path, fps=round(fps) if fps else 25, key_every=key_every)
+def reencode_hint(path: str | Path, *, fps: float | None = None, key_every: int | None = None,
+                  h264: bool = False) -> str:
+    return reencode_command(path, fps=round(fps) if fps else 25, key_every=key_every, h264=h264)
 
 
 def probe_video(path: str | Path) -> VideoInfo:
@@ -295,9 +317,13 @@ def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | No
     if not info.constant_frame_rate:
         problem = (f"{info.path} has a variable frame rate: DALI's reader takes frames by count, so its clips "
                    "would cover uneven stretches of time. Re-encode it at a constant frame rate")
-        if device != "cpu" and info.codec in LEGACY_READER_CODECS and transform is not None:
+        if device != "cpu" and info.codec in LEGACY_READER_CODECS:
             # on the GPU keep H.264 (VP9 would move training to the reader that is 10x slower shuffled),
-            # with a key frame at every clip start (module docstring)
+            # with a key frame at every clip start (module docstring) where the clip step is known
+            if transform is None:
+                return "video-vfr", (f"{problem}, in H.264 (for training add --key-every with the clip step, the clip "
+                                     "length x stride, so that NVDEC starts every shuffled clip at a key frame): "
+                                     + reencode_hint(info.path, fps=info.fps, h264=True))
             step = transform.step or transform.sequence_length * transform.stride
             return "video-vfr", (f"{problem}, in H.264 with a key frame at every clip start (NVDEC reads shuffled "
                                  "clips fastest from those): "

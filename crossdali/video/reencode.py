@@ -22,13 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from crossdali.common.script import UsageError, run
-
-#: output suffix -> (PyAV encoder, default CRF, encoder options). x264 at ``veryfast``: what the H.264
-#: rows of ``benchmarks/video_decode.py`` were measured on.
-CODECS = {
-    ".webm": ("libvpx-vp9", 32, {"b:v": "0", "row-mt": "1", "deadline": "realtime", "cpu-used": "8"}),
-    ".mp4": ("libx264", 23, {"preset": "veryfast"}),
-}
+from crossdali.common.video import ENCODERS, encoder_settings
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -53,17 +47,11 @@ def reencode(src: Path, dst: Path, *, fps: int = 25, crf: int | None = None, key
     if not Path(src).is_file():
         raise UsageError(f"{src} does not exist")
     suffix = Path(dst).suffix.lower()
-    if suffix not in CODECS:
+    if suffix not in ENCODERS:
         raise UsageError(f"the output must be a .webm (VP9) or .mp4 (H.264) file, got {dst}")
     if fps < 1 or (key_every is not None and key_every < 1):
         raise UsageError(f"--fps {fps} and --key-every {key_every} must be positive")
-    codec, default_crf, options = CODECS[suffix]
-    options = {**options, "crf": str(default_crf if crf is None else crf)}
-    if key_every is not None:
-        # g / keyint_min: libx264's keyint / min-keyint and libvpx's kf_max_dist / kf_min_dist
-        options |= {"g": str(key_every), "keyint_min": str(key_every)}
-        if codec == "libx264":
-            options["sc_threshold"] = "0"  # no key frames at scene cuts: they would shift the later ones
+    codec, options = encoder_settings(suffix, crf=crf, key_every=key_every)
     written = 0
     with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
         in_stream = inp.streams.video[0]
@@ -98,7 +86,7 @@ def reencode(src: Path, dst: Path, *, fps: int = 25, crf: int | None = None, key
 
 def main(args: argparse.Namespace) -> None:
     n = reencode(args.src, args.dst, fps=args.fps, crf=args.crf, key_every=args.key_every)
-    codec = "VP9" if args.dst.suffix.lower() == ".webm" else "H.264"
+    codec = ENCODERS[args.dst.suffix.lower()][0]
     keys = f", a key frame every {args.key_every} frames" if args.key_every else ""
     print(f"{args.dst}: {n} frames at a constant {args.fps} fps ({codec}{keys})")
 

@@ -74,12 +74,18 @@ def test_variable_frame_rate_h264_for_the_gpu_gets_an_h264_fix_with_key_frames_a
     transform = ClipTransform(sequence_length=4, stride=2)  # clips start every 8 frames
     with pytest.raises(DataError, match=r"vfr\.mp4 has a variable frame rate.*in H\.264 with a key frame at every "
                                         r"clip start.*reencode .*vfr\.mp4 .*vfr_cfr\.mp4 --fps \d+ --key-every 8 .*"
-                                        r"-c:v libx264 .*-g 8 -keyint_min 8 -sc_threshold 0"):
+                                        r"-c:v libx264 -preset veryfast -crf 23 -g 8 -keyint_min 8 -sc_threshold 0 "
+                                        r"-pix_fmt yuv420p"):
         check_videos([str(vfr)], device="gpu", transform=transform)
     fixed = tmp_path / "vfr_cfr.mp4"
     reencode(vfr, fixed, fps=25, key_every=8)
     (info,) = check_videos([str(fixed)], device="gpu", transform=transform)
     assert info.constant_frame_rate and info.codec == "h264"
+    # without a clip transform (no clip step known) the GPU hint still keeps H.264 and says what --key-every is
+    with pytest.raises(DataError) as e:
+        check_videos([str(vfr)], device="gpu")
+    assert "add --key-every with the clip step" in str(e.value) and "vfr_cfr.mp4 --fps" in str(e.value)
+    assert "--key-every 8" not in str(e.value) and ".webm" not in str(e.value) and "-c:v libx264" in str(e.value)
     # the CPU cannot decode H.264 at all: there the hint stays VP9
     with pytest.raises(DataError, match=r"vfr\.mp4 is h264; DALI decodes only VP8, VP9 and MJPEG on the CPU"):
         check_videos([str(vfr)], device="cpu", transform=transform)
