@@ -254,15 +254,17 @@ def evaluate_multilabel(model: torch.nn.Module, criterion: torch.nn.Module, load
     once across all ranks: the scores are gathered, since average precision ranks them all."""
     from crossdali.common.multilabel import multilabel_metrics
 
-    loss_sum, scores, targets = 0.0, [], []
+    # scores, targets and the loss sum stay on the device until the last batch (as in evaluate_classifier)
+    loss_total = torch.zeros((), dtype=torch.float64, device=runtime.device)
+    scores, targets = [], []
     start = time.perf_counter()
     for output, target in val_outputs(model, loader, runtime=runtime, amp=amp, channels_last=channels_last):
-        loss_sum += float(criterion(output, target)) * output.shape[0]
-        scores.append(torch.sigmoid(output).cpu())
-        targets.append(target.cpu())
-    mine = (torch.cat(scores).numpy(), torch.cat(targets).numpy()) if scores else None
+        loss_total += criterion(output, target).double() * output.shape[0]
+        scores.append(torch.sigmoid(output))
+        targets.append(target)
+    mine = (torch.cat(scores).cpu().numpy(), torch.cat(targets).cpu().numpy()) if scores else None
     parts = [p for p in gather_objects(runtime, mine) if p is not None]
-    (loss_sum,) = runtime.all_reduce_sum([loss_sum])
+    (loss_sum,) = runtime.all_reduce_sum([loss_total.item()])
     seen = sum(len(p[0]) for p in parts)  # the gathered parts are every rank's already
     stats = {"val_loss": loss_sum / max(seen, 1), "val_samples": int(seen), "eval_seconds": time.perf_counter() - start}
     if not parts:

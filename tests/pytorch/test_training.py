@@ -186,6 +186,24 @@ def test_evaluation_sums_every_batch_weighted_by_its_size():
     assert stats["val_top5"] == pytest.approx(100 * accuracy_counts(logits, labels, topk=(5,))[0] / 12)
 
 
+def test_multilabel_evaluation_equals_the_whole_set_at_once():
+    """Multi-label val keeps its loss sum and scores on the device across batches: the loss is the mean
+    over samples (a short last batch by its size) and mAP / F1 are those of every score at once."""
+    pytest.importorskip("sklearn")
+    from crossdali.common.multilabel import multilabel_metrics
+    from crossdali.pytorch.training import evaluate_multilabel
+
+    torch.manual_seed(0)
+    batches = [(torch.randn(n, 4), (torch.rand(n, 4) < 0.4).float()) for n in (6, 6, 3)]
+    stats = evaluate_multilabel(torch.nn.Identity(), torch.nn.BCEWithLogitsLoss(), batches, runtime=CPU,
+                                amp=MixedPrecision(enabled=False, runtime=CPU))
+    logits, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    assert stats["val_samples"] == 15
+    assert stats["val_loss"] == pytest.approx(float(torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)))
+    whole = multilabel_metrics(torch.sigmoid(logits).numpy(), labels.numpy())
+    assert (stats["val_map"], stats["val_f1"]) == pytest.approx((whole["map"], whole["f1"]))
+
+
 def test_a_diverged_run_stops_with_one_line_naming_the_learning_rate(tmp_path):
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
