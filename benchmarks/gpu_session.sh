@@ -12,7 +12,10 @@
 # GPU verdicts against the CPU's, and its speed on the bench set (header processes by default and none; batch 64 and 256).
 #
 # Needs DALI importable (on the lent H100: ../shared/gpu/stage-dali, then PYTHONPATH=/tmp/site:$PWD);
-# the tf phase needs TensorFlow too (../shared/gpu/stage-tf, then . /tmp/tfenv.sh).
+# the tf phase needs TensorFlow too (../shared/gpu/stage-tf, then . /tmp/tfenv.sh). stage-tf writes 60 MiB parts and a
+# device call carries 64 MiB, the tracked tree (6.3 MiB on 2026-11-27) included, so every part call was refused that
+# day; re-split first: cat .device-stage-tf/t* > /tmp/tf.tar && rm .device-stage-tf/t* &&
+# split -b 55M -d -a 2 /tmp/tf.tar .device-stage-tf/t   (about 53 parts; the last call's `cat t??` unpacks them alike)
 # Writes under OUT (default $OUT, else results/gpu): each benchmark's JSON (+ PNG where matplotlib or
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
