@@ -171,14 +171,21 @@ def main(args: argparse.Namespace) -> dict:
     if args.copies > 1:
         files = symlink_copies(files, args.copies, Path(links.name))
     megabytes = sum(os.path.getsize(f) for f in files) / 2**20
-    if args.fast_only:
-        return _fast_only(files, args, megabytes, links)
+    run = {"command": "python -m benchmarks.check_speed " + " ".join(sys.argv[1:]), "data": str(args.data),
+           "files": len(files), "megabytes": round(megabytes, 1), "device": args.device, "workers": args.workers,
+           "batch_size": args.batch_size, "machine": platform.node(), "cpu_count": os.cpu_count(), "copies": args.copies}
     rows = {}
-    for depth in ("fast", "full"):
+    for depth in ("fast",) if args.fast_only else ("fast", "full"):
         settings = CheckSettings(depth=depth, device=args.device, threads=args.workers, batch_size=args.batch_size,
                                  use_cache=False, processes=args.processes)
         seconds = _timed(lambda s=settings: check_image_files(files, root=args.data, settings=s), args.repeats)
         rows[f"check {depth}"] = len(files) / seconds
+    if args.fast_only:  # the A/B of two trees' header walks (module docstring): which crossdali ran it
+        import crossdali
+
+        links.cleanup()
+        return _write(args.out / "fast_pass.json", run | {"crossdali": str(Path(crossdali.__file__).parent),
+                                                         "repeats": args.repeats, "files_per_s": _rounded(rows)})
     # The full pass's decoder alone on the same files, no header inspection before or beside it:
     # what the full pass would reach if reading headers cost nothing.
     rows["full pass decoder alone"] = len(files) / _timed(lambda: _decoder_alone(files, args), args.repeats)
@@ -195,11 +202,8 @@ def main(args: argparse.Namespace) -> dict:
                                                         batch_size=args.batch_size) for _ in range(args.repeats)),
              "loader": min(b for _, _, b in loader)}
     after_build = len(files) / max(1e-9, full_seconds - build["check full pass"])
-    result = {
-        "command": "python -m benchmarks.check_speed " + " ".join(sys.argv[1:]),
-        "data": str(args.data), "files": len(files), "megabytes": round(megabytes, 1), "device": args.device,
-        "workers": args.workers, "batch_size": args.batch_size, "machine": platform.node(),
-        "cpu_count": os.cpu_count(), "files_per_s": {k: round(v, 1) for k, v in rows.items()},
+    result = run | {
+        "files_per_s": _rounded(rows),
         "chunk_samples": decode.CHUNK_SAMPLES[args.device],
         "pipeline_depth": decode.PIPELINE_DEPTH[args.device],
         "header_read_ahead": core_module.HEADER_READ_AHEAD,
@@ -209,33 +213,20 @@ def main(args: argparse.Namespace) -> dict:
         "build_seconds": {k: round(v, 3) for k, v in build.items()},
         "check_full_after_build": round(after_build, 1),
         "full_pass_after_build_vs_loader": round(after_build / rows["loader decode"], 3),
-        "copies": args.copies,
         "gpu_decoder_args": dict(decode.GPU_DECODER_ARGS),
     }
     links.cleanup()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "check_speed.json").write_text(json.dumps(result, indent=1) + "\n")
-    _plot(result, args.out / "check_speed.png")
-    print(json.dumps(result, indent=1))
+    _plot(_write(args.out / "check_speed.json", result), args.out / "check_speed.png")
     return result
 
 
-def _fast_only(files: list[str], args: argparse.Namespace, megabytes: float, links) -> dict:
-    """``--fast-only``: the fast pass's best time over ``--repeats``, and which crossdali ran it."""
-    import crossdali
-    from crossdali.common.check.core import CheckSettings, check_image_files
+def _rounded(rows: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 1) for k, v in rows.items()}
 
-    settings = CheckSettings(depth="fast", device=args.device, threads=args.workers, batch_size=args.batch_size,
-                             use_cache=False, processes=args.processes)
-    seconds = _timed(lambda: check_image_files(files, root=args.data, settings=settings), args.repeats)
-    links.cleanup()
-    result = {"command": "python -m benchmarks.check_speed " + " ".join(sys.argv[1:]),
-              "crossdali": str(Path(crossdali.__file__).parent), "data": str(args.data), "files": len(files),
-              "megabytes": round(megabytes, 1), "workers": args.workers, "cpu_count": os.cpu_count(),
-              "machine": platform.node(), "repeats": args.repeats, "copies": args.copies,
-              "files_per_s": {"check fast": round(len(files) / seconds, 1)}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fast_pass.json").write_text(json.dumps(result, indent=1) + "\n")
+
+def _write(path: Path, result: dict) -> dict:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return result
 

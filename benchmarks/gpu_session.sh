@@ -244,10 +244,8 @@ case $phase in
       --out "$out/video" --work "$CROSSDALI_DATA/video-bench" ;;
   multigpu)  # issue 15 on a 2-GPU kind: the PyTorch script under torchrun on 1 then 2 GPUs (DDP, DALI on each rank's
     # own GPU), per-GPU images/s and the val sample count of each run; dmon over every GPU (jpg column per GPU index)
-    nvidia-smi dmon -s u > "$out/dmon_multi_gpu.log" 2>&1 & dmon=$!
-    step multi_gpu 170 "$py" -m benchmarks.multi_gpu --gpus 1,2 --launchers torchrun --epochs 6 --timeout 120 \
-      --out "$out/multi_gpu"
-    kill "$dmon" 2>/dev/null ;;
+    dmon_step multi_gpu 170 "$py" -m benchmarks.multi_gpu --gpus 1,2 --launchers torchrun --epochs 6 --timeout 120 \
+      --out "$out/multi_gpu" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
   decodeprobe)  # which damaged JPEGs each DALI decoder refuses (the data checker's test corpus depends on it)

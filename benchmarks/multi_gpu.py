@@ -105,13 +105,14 @@ def main(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from crossdali.common.sample_data import ensure_classification
+    from crossdali.common.sources import resolve_source
 
     visible = torch.cuda.device_count()
     counts = [int(g) for g in args.gpus.split(",")]
     if args.data_backend == "dali-gpu" and visible < max(counts):
         raise usage_error(f"--gpus {args.gpus} needs {max(counts)} GPUs, {visible} visible: pass --gpus 1,{visible or 1}")
     root = ensure_classification(size=args.sample_size)  # build once, before any rank starts
-    val_images = sum(1 for p in (root / "imagefolder" / "val").rglob("*") if p.is_file())
+    val_images = resolve_source(root / "imagefolder", "val", validate=False).num_samples  # the script's val split
     results = []
     for launcher in args.launchers.split(","):
         for gpus in counts:

@@ -166,3 +166,11 @@ def test_check_speed_fast_only_times_the_crossdali_on_its_path(tmp_path, data_ro
     assert report["files"] == 2 * len(images) > 0  # every file, twice (--copies 2)
     assert list(report["files_per_s"]) == ["check fast"] and report["files_per_s"]["check fast"] > 0
     assert not (tmp_path / "check_speed.json").exists()  # the full pass and the loader were not timed
+
+
+def test_check_speed_smoke_times_both_passes_beside_the_loader(tmp_path, data_root):
+    report = _run("benchmarks.check_speed", tmp_path, data_root)
+    assert set(report["files_per_s"]) == {"check fast", "check full", "full pass decoder alone", "loader decode",
+                                          "loader epoch incl. build"}
+    assert all(v > 0 for v in report["files_per_s"].values()) and report["files"] > 0
+    assert report["full_pass_vs_loader"] > 0 and (tmp_path / "check_speed.png").stat().st_size > 5_000
