@@ -3,6 +3,8 @@
     python -m benchmarks.training_speed --framework tensorflow --out results/    # GPU: Keras ResNet-50, AMP
     python -m benchmarks.training_speed --framework pytorch --out results/       # the same rows for PyTorch
     python -m benchmarks.training_speed --smoke --framework tensorflow --out /tmp/bench   # CPU check of the script
+    python -m benchmarks.training_speed --framework tensorflow --variant xla='--jit-compile on' \
+        --variant graph='--jit-compile off' --out results/     # every backend with and without XLA, one run
 
 Each row runs ``python -m crossdali.<framework>.train_classification`` in its own process on the
 ``bench`` sample set (8,195 train JPEGs), ResNet-50, ``--amp``, batch 256, with one
@@ -17,9 +19,11 @@ matplotlib is installed; else ``--plot JSON`` draws it later).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,6 +57,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the rows this many times, interleaved (synthetic, dali-gpu, ..., then again): each "
                              "backend's share of synthetic per round, with the spread, in share_of_synthetic_rounds")
+    parser.add_argument("--variant", action="append", default=None, metavar="NAME=FLAGS",
+                        help="run every backend once more per variant, with these extra flags for the script, labelled "
+                             "NAME (repeatable; 'NAME=' adds none), e.g. --variant xla='--jit-compile on' --variant "
+                             "graph='--jit-compile off': each row's share is of the synthetic row of its own variant")
     parser.add_argument("--no-amp", dest="amp", action="store_false", help="float32 instead of mixed precision")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script on a CPU-only machine: tiny set, small model, crop 64, float32, dali-cpu")
@@ -73,7 +81,7 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
     waits = sorted(1000 * r["data_wait_s"] for r in steps)
     return {"steps": len(steps), "images": sum(r["samples"] for r in steps), "seconds": seconds,
             # what the script ran with, from its start record (PyTorch's: CUDA queues, fused optimizer)
-            **{k: start[k] for k in ("cuda_queues", "fused_optimizer", "pipelines") if k in start},
+            **{k: start[k] for k in ("cuda_queues", "fused_optimizer", "pipelines", "jit_compile") if k in start},
             "img_s": sum(r["samples"] for r in steps) / seconds, "data_wait_share": wait / seconds,
             "median_step_ms": 1000 * times[len(times) // 2], "mean_data_wait_ms": 1000 * wait / len(steps),
             # the wait of every timed step, as the script's metrics.jsonl recorded it (issue 14)
@@ -103,18 +111,39 @@ def parse_backends(text: str, framework: str) -> list[tuple[str, int | None]]:
     return rows
 
 
+def parse_variants(entries: list[str] | None) -> list[tuple[str | None, list[str]]]:
+    """``--variant NAME=FLAGS``: ``(name, flags)`` per entry; one unnamed variant without flags if none given."""
+    if not entries:
+        return [(None, [])]
+    variants = []
+    for entry in entries:
+        name, sep, flags = entry.partition("=")
+        if not sep or not name.strip() or not name.replace("-", "").replace("_", "").isalnum():
+            raise usage_error(f"--variant {entry!r}: give NAME=FLAGS, e.g. --variant xla='--jit-compile on' (NAME: "
+                              "letters, digits, - and _)")
+        variants.append((name.strip(), shlex.split(flags)))
+    names = [n for n, _ in variants]
+    if len(set(names)) != len(names):
+        raise usage_error(f"--variant: each NAME once (got {', '.join(names)})")
+    return variants
+
+
 def run_row(backend: str, args: argparse.Namespace, work: Path, *, round_: int | None = None,
-            pipelines: int | None = None) -> dict:
+            pipelines: int | None = None, variant: str | None = None, flags: list[str] | None = None) -> dict:
     label = backend if pipelines is None else f"{backend}:{pipelines}"
-    name = label.replace(":", "-x")
+    if variant is not None:
+        label += f" [{variant}]"
+    name = label.replace(":", "-x").replace(" [", "-").rstrip("]")
     run_dir = work / (name if round_ is None else f"{name}-round{round_}")
     cmd = [sys.executable, "-m", SCRIPTS[args.framework], "--sample-size", args.sample_size, "--arch", args.arch,
            "-b", str(args.batch_size), "--crop-size", str(args.crop_size), "--epochs", str(args.epochs),
            "--data-backend", backend, "-j", str(args.workers), "--output-dir", str(run_dir), "--print-freq", "0",
-           "--skip-check", *(["--amp"] if args.amp else []), *(["--pipelines", str(pipelines)] if pipelines else [])]
+           "--skip-check", *(["--amp"] if args.amp else []), *(["--pipelines", str(pipelines)] if pipelines else []),
+           *(flags or [])]
     if args.framework == "pytorch" and args.amp:
         cmd.append("--channels-last")
     row = {"backend": backend, "label": label, **({"round": round_} if round_ is not None else {}),
+           **({"variant": variant} if variant is not None else {}),
            "run": run_dir.name, "command": " ".join(cmd[1:])}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
@@ -130,12 +159,13 @@ def run_row(backend: str, args: argparse.Namespace, work: Path, *, round_: int |
 
 
 def _round_shares(rows: list[dict]) -> dict:
-    """Each row's images/s over synthetic's of the same round: mean, min, max over the rounds."""
-    synthetic = {r["round"]: r["img_s"] for r in rows if r["backend"] == "synthetic" and "img_s" in r}
+    """Each row's images/s over synthetic's of the same round and variant: mean, min, max over the rounds."""
+    synthetic = {(r["round"], r.get("variant")): r["img_s"] for r in rows if r["backend"] == "synthetic" and "img_s" in r}
     shares: dict[str, list[float]] = {}
     for r in rows:
-        if r["backend"] != "synthetic" and "img_s" in r and r["round"] in synthetic:
-            shares.setdefault(_label(r), []).append(r["img_s"] / synthetic[r["round"]])
+        key = (r["round"], r.get("variant"))
+        if r["backend"] != "synthetic" and "img_s" in r and key in synthetic:
+            shares.setdefault(_label(r), []).append(r["img_s"] / synthetic[key])
     return {b: round_spread(v) for b, v in shares.items()}
 
 
@@ -176,13 +206,15 @@ def main(args: argparse.Namespace) -> dict:
         args.backends = args.backends.replace("dali-gpu", "dali-cpu")
     args.workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
     backends = parse_backends(args.backends, args.framework)
+    variants = parse_variants(args.variant)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"training_speed_{args.framework}.json"
-    report = {"benchmark": "training_speed", "command": " ".join(["python", "-m", "benchmarks.training_speed",
-                                                                    *sys.argv[1:]]),
+    report = {"benchmark": "training_speed", "command": shlex.join(["python", "-m", "benchmarks.training_speed",
+                                                                      *sys.argv[1:]]),
               "framework": args.framework, "device": _device(), "cpu_count": os.cpu_count(),
               "python": platform.python_version(), "arch": args.arch, "amp": args.amp, "batch_size": args.batch_size,
               "crop_size": args.crop_size, "sample_size": args.sample_size, "workers": args.workers,
+              **({"variants": {name: shlex.join(flags) for name, flags in variants}} if args.variant else {}),
               "timing": f"{args.epochs} epochs per row; the steps of epochs 2-{args.epochs} are timed", "rows": [],
               # as this process found it; a row's cuda_queues is what its script ran with (PyTorch's sets 32 if unset)
               "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
@@ -190,8 +222,9 @@ def main(args: argparse.Namespace) -> dict:
         raise usage_error(f"--rounds {args.rounds}: give 1 or more")
     with tempfile.TemporaryDirectory(prefix="training-speed-") as tmp:
         for k in range(args.rounds):
-            for backend, pipelines in backends:
-                row = run_row(backend, args, Path(tmp), round_=k + 1 if args.rounds > 1 else None, pipelines=pipelines)
+            for (variant, flags), (backend, pipelines) in itertools.product(variants, backends):
+                row = run_row(backend, args, Path(tmp), round_=k + 1 if args.rounds > 1 else None, pipelines=pipelines,
+                              variant=variant, flags=flags)
                 report["rows"].append(row)
                 name = row["label"] + (f" (round {k + 1})" if args.rounds > 1 else "")
                 if "error" in row:
@@ -203,9 +236,11 @@ def main(args: argparse.Namespace) -> dict:
                     print(f"{name:20s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:4.1f} %  "
                           f"median step {row['median_step_ms']:.1f} ms", flush=True)
                 path.write_text(json.dumps(report, indent=2) + "\n")
-    rates = {_label(r): r["img_s"] for r in report["rows"] if "img_s" in r and r.get("round", 1) == 1}
-    if "synthetic" in rates:
-        report["share_of_synthetic"] = {b: v / rates["synthetic"] for b, v in rates.items()}
+    firsts = [r for r in report["rows"] if "img_s" in r and r.get("round", 1) == 1]
+    synthetic = {r.get("variant"): r["img_s"] for r in firsts if r["backend"] == "synthetic"}
+    if synthetic:  # each row over the synthetic row of its own variant
+        report["share_of_synthetic"] = {_label(r): r["img_s"] / synthetic[r.get("variant")] for r in firsts
+                                        if r.get("variant") in synthetic}
     if args.rounds > 1:
         report["share_of_synthetic_rounds"] = _round_shares(report["rows"])
         for b, r in report["share_of_synthetic_rounds"].items():

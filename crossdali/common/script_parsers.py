@@ -97,6 +97,11 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
                  engine_help="gradient averaging; auto: horovod when a launcher started several processes, "
                              "tf-distribute (MultiWorkerMirroredStrategy) when TF_CONFIG is set",
                  resume_help="checkpoint (prefix or folder) to resume from")
+    parser.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto",
+                        help="compile the train step with XLA. auto: on where TensorFlow sees a GPU and one process "
+                             "trains (Keras' own rule for model.fit); on: also on the CPU, and under Horovod or "
+                             "tf.distribute, where the gradients are compiled and their averaging and the optimizer are "
+                             "not (their collectives are not XLA ops)")
     add_multi_label_arg(parser)
     return parser
 

@@ -100,17 +100,36 @@ def lr_at(step: int, *, base_lr: float, warmup: int, total: int) -> float:
     return base_lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_train_step(model, optimizer, loss_fn, runtime: Runtime):
+def resolve_jit_compile(choice: str, *, on_gpu: bool, runtime: Runtime) -> bool:
+    """``--jit-compile``: auto compiles where Keras' ``model.fit`` would (a GPU, one process)."""
+    if choice != "auto":
+        return choice == "on"
+    return on_gpu and runtime.hvd is None and runtime.strategy is None
+
+
+def make_train_step(model, optimizer, loss_fn, runtime: Runtime, *, jit_compile: bool = False):
+    """One training step as a ``tf.function``; with ``jit_compile`` XLA compiles it. Keras 3's batch
+    norm is not fused: a float32 copy of the activation, its moments, then the normalisation, each a
+    pass over memory (and their gradients again), which XLA fuses.
+    Distributed, only the gradients are compiled: Horovod's allreduce and tf.distribute's collectives
+    are not XLA ops, so the averaging and the optimizer run outside the compiled part."""
     hvd, strategy = runtime.hvd, runtime.strategy
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
 
-    def step(images, labels):
+    def loss_and_grads(images, labels):
         with tf.GradientTape() as tape:
             logits = model(images, training=True)
             loss = loss_fn(labels, logits)
             # tf.distribute sums gradients over replicas: scale so the sum is the mean
             scaled = optimizer.scale_loss(loss / replicas)
-        grads = tape.gradient(scaled, model.trainable_variables)
+        return loss, tape.gradient(scaled, model.trainable_variables)
+
+    distributed = hvd is not None or strategy is not None
+    if jit_compile and distributed:
+        loss_and_grads = tf.function(loss_and_grads, jit_compile=True, reduce_retracing=True)
+
+    def step(images, labels):
+        loss, grads = loss_and_grads(images, labels)
         if hvd is not None:
             # averaged explicitly: hvd.DistributedGradientTape needs tf.Variables (.ref()), and
             # Keras 3 variables are not
@@ -119,7 +138,8 @@ def make_train_step(model, optimizer, loss_fn, runtime: Runtime):
         return loss
 
     if strategy is None:
-        return tf.function(step, reduce_retracing=True)
+        # one process: the whole step (the optimizer's update too) is one XLA program
+        return tf.function(step, jit_compile=jit_compile and not distributed, reduce_retracing=True)
 
     @tf.function(reduce_retracing=True)
     def distributed_step(images, labels):  # each worker feeds its own shard to its one replica
@@ -326,9 +346,11 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
     metrics = open_metrics(run_dir, continuing=args.resume is not None, enabled=runtime.dist.is_main)
     log.info("outputs: %s", run_dir)
+    jit_compile = resolve_jit_compile(args.jit_compile, on_gpu=on_gpu, runtime=runtime)
+    log.info("train step: %s", "XLA (--jit-compile)" if jit_compile else "tf.function without XLA")
     metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
-                  epochs=args.epochs)
+                  epochs=args.epochs, jit_compile=jit_compile)
     def validate(eval_step) -> dict[str, float]:
         if args.multi_label:
             return evaluate_multilabel(eval_step, val_loader, runtime=runtime)
@@ -341,7 +363,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         metrics.write(event="test", **stats)
         return stats
 
-    train_step = make_train_step(model, optimizer, loss_fn, runtime)
+    train_step = make_train_step(model, optimizer, loss_fn, runtime, jit_compile=jit_compile)
     eval_step = make_eval(model)
     stats: dict[str, float] = {}
     for epoch in range(start_epoch, args.epochs):

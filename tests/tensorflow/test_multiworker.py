@@ -29,7 +29,8 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def test_two_workers_train_in_sync(data_root, tiny_classification, tmp_path):
+@pytest.mark.parametrize("jit", ["auto", "on"])  # auto: no XLA with tf.distribute; on: the gradients compiled
+def test_two_workers_train_in_sync(data_root, tiny_classification, tmp_path, jit):
     workers = [f"localhost:{p}" for p in _free_ports(2)]
     procs = []
     for index in range(2):
@@ -37,7 +38,7 @@ def test_two_workers_train_in_sync(data_root, tiny_classification, tmp_path):
                "TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})}
         cmd = [sys.executable, "-m", "crossdali.tensorflow.train_classification", "--sample-size", "tiny",
                "--arch", "small_cnn", "--crop-size", "48", "-b", "16", "--epochs", "2", "--lr", "0.4",
-               "--lr-warmup-epochs", "1", "-j", "1", "--print-freq", "0", "--output-dir", str(tmp_path)]
+               "--lr-warmup-epochs", "1", "-j", "1", "--print-freq", "0", "--jit-compile", jit, "--output-dir", str(tmp_path)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = []
     for p in procs:
@@ -52,6 +53,7 @@ def test_two_workers_train_in_sync(data_root, tiny_classification, tmp_path):
     records = read_metrics(tmp_path)
     start = next(r for r in records if r["event"] == "start")
     assert start["engine"] == "tf-distribute" and start["world_size"] == 2
+    assert start["jit_compile"] is (jit == "on")
     epochs = [r for r in records if r["event"] == "epoch"]
     assert len(epochs) == 2
     for r in epochs:

@@ -61,3 +61,34 @@ def test_training_speed_smoke(tmp_path, data_root):
         assert len(row["data_wait_ms_per_step"]) == row["steps"], row
         assert row["data_wait_ms"]["max"] == pytest.approx(max(row["data_wait_ms_per_step"]), abs=1e-3), row
     assert report["share_of_synthetic"]["synthetic"] == 1.0 and not report["amp"]
+
+
+def test_training_speed_variants(tmp_path, data_root):
+    """``--variant``: every backend once per variant, the variant's flags passed to the script (its start
+    record says what it ran with), each row's share over its own variant's synthetic row."""
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.training_speed", "--smoke", "--framework", "tensorflow",
+                           "--backends", "synthetic,dali-cpu", "--variant", "graph=--jit-compile off",
+                           "--variant", "xla=--jit-compile on", "--out", str(tmp_path)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "training_speed_tensorflow.json").read_text())
+    assert report["variants"] == {"graph": "--jit-compile off", "xla": "--jit-compile on"}
+    rows = {r["label"]: r for r in report["rows"]}
+    assert list(rows) == ["synthetic [graph]", "dali-cpu [graph]", "synthetic [xla]", "dali-cpu [xla]"], rows
+    for row in rows.values():
+        assert "error" not in row and row["steps"] == 9, row
+        assert row["jit_compile"] is (row["variant"] == "xla") and row["command"].endswith(report["variants"][row["variant"]])
+    shares = report["share_of_synthetic"]
+    assert shares["synthetic [graph]"] == shares["synthetic [xla]"] == 1.0
+    for variant in ("graph", "xla"):
+        assert shares[f"dali-cpu [{variant}]"] == pytest.approx(
+            rows[f"dali-cpu [{variant}]"]["img_s"] / rows[f"synthetic [{variant}]"]["img_s"])
+
+
+def test_training_speed_refuses_a_bad_variant(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.training_speed", "--framework", "tensorflow",
+                           "--variant=--jit-compile on", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--variant '--jit-compile on': give NAME=FLAGS" in proc.stderr and "Traceback" not in proc.stderr
