@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -20,7 +20,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -247,8 +247,9 @@ case $phase in
     dmon_step multi_gpu 170 "$py" -m benchmarks.multi_gpu --gpus 1,2 --launchers torchrun --epochs 6 --timeout 120 \
       --out "$out/multi_gpu" ;;
   tfsame1)  # item 4, TensorFlow on the day of the others (TF staged, . /tmp/tfenv.sh): TF against PyTorch (dali-gpu,
-    # one process; its first step builds the bench set), then the Keras script on synthetic data with and without XLA
-    dmon_step tf_vs_torch 230 "$py" -m benchmarks.tf_vs_torch --out "$out/tf_vs_torch"
+    # one process; it builds the bench set first); in the call that installs TensorFlow (about 2 min)
+    dmon_step tf_vs_torch 230 "$py" -m benchmarks.tf_vs_torch --out "$out/tf_vs_torch" ;;
+  tfxla)  # the Keras script on synthetic data with and without XLA (--jit-compile), one run
     dmon_step training_speed_tf_xla 300 "$py" -m benchmarks.training_speed --framework tensorflow --backends synthetic \
       --variant xla='--jit-compile on' --variant graph='--jit-compile off' --timeout 140 --out "$out/tf_xla" ;;
   tfsame2)  # the Keras script's rows with its default (XLA where one process trains on a GPU): synthetic, dali-gpu and
