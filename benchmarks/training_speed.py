@@ -149,7 +149,9 @@ def run_row(backend: str, args: argparse.Namespace, work: Path, *, round_: int |
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:  # its output so far, for the log kept beside the JSON
+        (work / f"{run_dir.name}.log").write_text("".join(x.decode() if isinstance(x, bytes) else x
+                                                          for x in (e.stdout, e.stderr) if x))
         return row | {"error": f"timed out after {args.timeout} s"}
     row["wall_s"] = time.perf_counter() - start
     (work / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
