@@ -455,8 +455,8 @@ def _image_shape(transform: ClassificationTransform) -> tuple[int, int, int]:
 def _native_loader(plan: SplitPlan, *, transform: ClassificationTransform, workers: int, seed: int) -> NativeLoader:
     """tf.data over the same contiguous shards as DALI (``[r*N//S, (r+1)*N//S)``). Train, files: one
     global permutation per epoch, seeded by (seed, epoch) and the same on every rank, as DALI's
-    reader and PyTorch's ``ShardSampler`` do; train, TFRecord (read in sequence): a seeded shuffle
-    buffer inside the shard."""
+    reader and PyTorch's ``ShardSampler`` do; train, TFRecord (read in sequence): each run of up to
+    10,000 records of the shard in a seeded order."""
     from crossdali.tensorflow.presets import normalize, parse_tfrecord, train_image, val_image
 
     source, dist, train, bs = plan.source, plan.dist, plan.train, plan.batch_size
@@ -479,10 +479,21 @@ def _native_loader(plan: SplitPlan, *, transform: ClassificationTransform, worke
             return ds, lambda f, y: (tf.io.read_file(f), y)
     elif source.format == "tfrecord":
         records = tf.data.TFRecordDataset(list(source.paths)).skip(lo).take(hi - lo)
+        window = max(1, min(hi - lo, 10_000))
+
+        def shuffle_run(index, run):  # one run of `window` records in an order keyed by (seed, epoch, run)
+            order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(run, out_type=tf.int64)[0]),
+                                                             seed=tf.stack([tf.constant(seed, tf.int64), index]))
+            return tf.data.Dataset.from_tensor_slices(tf.gather(run, order))
 
         def samples(epoch):
-            ds = records.shuffle(min(hi - lo, 10_000), seed=seed * 100_003 + epoch, reshuffle_each_iteration=False) \
-                if train else records
+            # Read in sequence, shuffled run by run with a stateless shuffle (as much memory as a shuffle
+            # buffer of `window`). Dataset.shuffle with a seed that depends on the epoch tensor does not
+            # trace when TensorFlow's global seed is 0, which the training scripts' default --seed sets.
+            ds = records
+            if train:
+                ds = records.batch(window).enumerate().map(lambda i, run: (epoch * 1_000_003 + i, run)) \
+                    .flat_map(shuffle_run)
             return ds.take(per_epoch), parse_tfrecord
     else:
         raise DataError(f"the native TensorFlow backend reads image files or TFRecord; {source.root} holds "
