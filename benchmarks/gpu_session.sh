@@ -5,7 +5,8 @@
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
-# Keras ResNet-50 AMP training fed by synthetic data, dali-gpu and native, one row after another.
+# Keras ResNet-50 AMP training fed by synthetic data, dali-gpu and native, one row after another (before XLA;
+# since 2026-11-27: tfsame1, tfxla, tfsame2).
 # core: every GPU-marked test of the frameworks present, the GPU parity harness (all frameworks,
 # hardware JPEG decoder on and off) and the data checker's speed; pack: everything under OUT in one
 # archive (the device hands back at most 8 files), as OUT/gpu-results.tgz. check: the data checker's
@@ -249,13 +250,14 @@ case $phase in
   tfsame1)  # item 4, TensorFlow on the day of the others (TF staged, . /tmp/tfenv.sh): TF against PyTorch (dali-gpu,
     # one process; it builds the bench set first); in the call that installs TensorFlow (about 2 min)
     dmon_step tf_vs_torch 230 "$py" -m benchmarks.tf_vs_torch --out "$out/tf_vs_torch" ;;
-  tfxla)  # the Keras script on synthetic data with and without XLA (--jit-compile), one run
-    dmon_step training_speed_tf_xla 300 "$py" -m benchmarks.training_speed --framework tensorflow --backends synthetic \
-      --variant xla='--jit-compile on' --variant graph='--jit-compile off' --timeout 140 --out "$out/tf_xla" ;;
-  tfsame2)  # the Keras script's rows with its default (XLA where one process trains on a GPU): synthetic, dali-gpu and
-    # native, as tfbench ran them before the default changed
-    dmon_step training_speed_tf 450 "$py" -m benchmarks.training_speed --framework tensorflow --timeout 140 \
-      --out "$out/tf_train" ;;
+  tfxla)  # the Keras script on synthetic data with and without XLA (--jit-compile), one run. On 2026-11-27 the XLA row's
+    # process ran 180 s (the graph row's 92 s), most of it compiling: a 140 s row limit cut it
+    dmon_step training_speed_tf_xla 330 "$py" -m benchmarks.training_speed --framework tensorflow --backends synthetic \
+      --variant xla='--jit-compile on' --variant graph='--jit-compile off' --timeout 250 --out "$out/tf_xla" ;;
+  tfsame2)  # the Keras script's rows with its default (XLA where one process trains on a GPU): synthetic and dali-gpu
+    # (native left out: each XLA row takes about 3 minutes, so three do not fit a call beside the others)
+    dmon_step training_speed_tf 450 "$py" -m benchmarks.training_speed --framework tensorflow --backends synthetic,dali-gpu \
+      --timeout 280 --out "$out/tf_train" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
   decodeprobe)  # which damaged JPEGs each DALI decoder refuses (the data checker's test corpus depends on it)
@@ -268,7 +270,9 @@ case $phase in
     step tf_gpu_tests 200 "$py" -m pytest tests/tensorflow/test_tf_gpu.py tests/detection/test_tf_detection.py \
       tests/video/test_tensorflow_video.py -m gpu -rA -p no:cacheprovider -q --durations=12
     step parity_gpu 170 "$py" -m crossdali.parity gpu --out "$out/parity_gpu" ;;
-  tfbench)  # the bench set is built by the first step (about a minute on 16 cores)
+  tfbench)  # the bench set is built by the first step (about a minute on 16 cores). As run on 2026-11-25/26, before the
+    # script compiled its step with XLA: its rows now take about 3 minutes each, more than this call holds; run tfsame1,
+    # then tfsame2 instead
     step tf_vs_torch 230 "$py" -m benchmarks.tf_vs_torch --out "$out"
     step training_speed_tf 330 "$py" -m benchmarks.training_speed --framework tensorflow --timeout 105 --out "$out" ;;
   core)  # correctness on the GPU first, then the checker's speed (the loader's decode rate beside it)
