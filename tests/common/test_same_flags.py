@@ -22,8 +22,10 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
           "--debug", "--multi-label", "-h", "--help"]
 #: Flags one framework has and the others do not yet, each named here so a new one is a decision:
 #: --pipelines (the shard split over several DALI pipelines) is PyTorch's only: its loader merges them, and
-#: TensorFlow's DALIDataset, MXNet's and the JAX script's loaders run one pipeline per process
-ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines"}}
+#: TensorFlow's DALIDataset, MXNet's and the JAX script's loaders run one pipeline per process;
+#: --jit-compile (XLA for the train step) is TensorFlow's only: the JAX script always compiles its step with
+#: XLA, and PyTorch's and MXNet's have no XLA
+ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines"}, "tensorflow": {"--jit-compile"}}
 
 
 def _parser(framework: str):
