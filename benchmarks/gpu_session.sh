@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -16,12 +16,12 @@
 # the tf phase needs TensorFlow too (../shared/gpu/stage-tf, then . /tmp/tfenv.sh). stage-tf writes 60 MiB parts and a
 # device call carries 64 MiB, the tracked tree (6.3 MiB on 2026-11-27) included, so every part call was refused that
 # day; re-split first: cat .device-stage-tf/t* > /tmp/tf.tar && rm .device-stage-tf/t* &&
-# split -b 55M -d -a 2 /tmp/tf.tar .device-stage-tf/t   (about 53 parts; the last call's `cat t??` unpacks them alike)
+# split -b 55M -d -a 2 /tmp/tf.tar .device-stage-tf/t   (54 parts on 2026-11-27; the last call's `cat t??` unpacks them alike)
 # Writes under OUT (default $OUT, else results/gpu): each benchmark's JSON (+ PNG where matplotlib or
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -153,6 +153,17 @@ case $phase in
     step train_prio 300 "$py" -m benchmarks.classification_loaders --out "$out/train_prio" --skip-loader \
       --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 3 --train-steps 120 \
       --train-loop copied --train-stream default,high ;;
+  trainhalf)  # issue 14: the PyTorch script before (BASE: a copy of the tree before, whose batches were float32 NCHW,
+    # copied to channels-last and cast to float16 on the GPU every step) and after (DALI writes float16 NHWC, the batch
+    # is its channels-last view), alternating, one round each (ROUNDS: which, default 1); the bench set built first
+    base=${BASE:?trainhalf needs BASE=<the tree before, e.g. git archive a614e03 | tar x -C DIR>}
+    step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
+    for r in ${ROUNDS:-1}; do
+      step train_half_before_$r 170 bash -c "cd '$base' && exec '$py' -m benchmarks.training_speed --framework pytorch \
+        --backends synthetic,dali-gpu --rounds 1 --epochs 4 --timeout 80 --out '$(realpath "$out")/train_half_before_$r'"
+      step train_half_after_$r 170 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
+        --rounds 1 --epochs 4 --timeout 80 --out "$out/train_half_after_$r"
+    done ;;
   classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
     # DALI's; its FFmpeg is PyAV's, whose libraries carry auditwheel's hashed names, so SPDL gets links with the
     # names it loads; PyAV's folder on the path too, for the libraries those load by hashed name: $ORIGIN is the

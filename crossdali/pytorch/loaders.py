@@ -9,9 +9,10 @@ Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
 - ``native``: torchvision ``decode_image`` + the v2 preset in a ``DataLoader`` (the baseline).
 - ``synthetic``: one random batch repeated, to measure the model without any input pipeline.
 
-Every backend yields ``images`` (N, C, H, W) float and ``labels`` (N,) int64, honours the same
-epoch rules (``crossdali.common.epochs``) and implements the loader contract
-(``crossdali.common.loaders.Loader``: ``len``, ``batch_size``, ``num_classes``, ``state_dict``).
+Every backend yields ``images`` (N, C, H, W) float and ``labels`` (N,) int64 (``channels_last``: the
+same shape in torch's channels-last memory format), honours the same epoch rules
+(``crossdali.common.epochs``) and implements the loader contract (``crossdali.common.loaders.Loader``:
+``len``, ``batch_size``, ``num_classes``, ``state_dict``).
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ class DALILoader(DALIIteratorLoader):
 
     _hinted = False  # the queues hint, once per process
 
-    def __init__(self, plan, options, build, **kwargs) -> None:
+    def __init__(self, plan, options, build, *, channels_last: bool = False, **kwargs) -> None:
         super().__init__(plan, options, build, **kwargs)
+        self.channels_last = channels_last  # the pipeline emits NHWC; batches are its NCHW view
         if options.device == "gpu" and not DALILoader._hinted and (hint := queues_hint()):
             DALILoader._hinted = True
             log.warning(hint)
@@ -67,6 +69,12 @@ class DALILoader(DALIIteratorLoader):
 
     def _outputs(self, raw) -> dict:
         return raw[0]  # one pipeline
+
+    def _next(self) -> dict | None:
+        batch = super()._next()
+        if batch is not None and self.channels_last:  # a view: (N, C, H, W) with channels-last strides, no copy
+            batch["images"] = batch["images"].permute(0, 3, 1, 2)
+        return batch
 
     def _flat(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(-1)
@@ -171,10 +179,11 @@ class SyntheticBatches:
 
 
 class _FileDataset(torch.utils.data.Dataset):
-    """The DataSource's files decoded by torchvision (libjpeg-turbo), then the preset."""
+    """The DataSource's files decoded by torchvision (libjpeg-turbo), then the preset; ``hwc``: each
+    image as its (H, W, C) view, so that the DataLoader's collate stacks an NHWC batch (channels last)."""
 
-    def __init__(self, source: DataSource, transform) -> None:
-        self.files, self.labels, self.transform = source.files, source.labels, transform
+    def __init__(self, source: DataSource, transform, *, hwc: bool = False) -> None:
+        self.files, self.labels, self.transform, self.hwc = source.files, source.labels, transform, hwc
 
     def __len__(self) -> int:
         return len(self.files)
@@ -186,7 +195,8 @@ class _FileDataset(torch.utils.data.Dataset):
             img = decode_image(self.files[i], mode=ImageReadMode.RGB)
         except RuntimeError as e:
             raise DataError(f"{self.files[i]} cannot be decoded ({e}); re-encode or remove it") from e
-        return self.transform(img), self.labels[i]
+        image = self.transform(img)
+        return (image.permute(1, 2, 0) if self.hwc else image), self.labels[i]
 
 
 def create_classification_loader(
@@ -207,6 +217,7 @@ def create_classification_loader(
     checkpointing: bool = True,
     pipelines: int = 1,
     prefetch_queue_depth: int = 2,
+    channels_last: bool = False,
 ):
     """An iterable of ``(images, labels)`` for the train or val split of ``data``.
 
@@ -223,14 +234,18 @@ def create_classification_loader(
     95.3 % of synthetic-data speed against 96.5 % with 1 (H100, 2026-11-27; the cause was not
     profiled), and a mid-epoch checkpoint resumes only with the pipeline count it was saved with. ``prefetch_queue_depth``
     (DALI backends): batches DALI prepares ahead of the one in use (DALI's default, 2); it never
-    changes the batches, only how much jitter in DALI's speed the queue absorbs.
+    changes the batches, only how much jitter in DALI's speed the queue absorbs. ``dtype`` ('float32'
+    or 'float16'): the images' type, in every backend. ``channels_last``: the images in torch's
+    channels-last memory format (same shape and values; ``images.is_contiguous(memory_format=
+    torch.channels_last)``), what a model converted with ``model.to(memory_format=torch.channels_last)``
+    computes in: DALI writes NHWC and the batch is its view, so no copy is made on the GPU per step.
     The result implements ``crossdali.common.loaders.Loader``.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
                          batch_size=batch_size, dist=dist, last_batch=last_batch, pipelines=pipelines)
     source, dist = plan.source, plan.dist
-    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype)
+    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="HWC" if channels_last else "CHW")
 
     if backend == "synthetic":
         on_gpu = torch.cuda.is_available()
@@ -239,9 +254,9 @@ def create_classification_loader(
         g = torch.Generator().manual_seed(0)
         images = torch.randn((batch_size, 3, crop_size, crop_size), generator=g)
         labels = torch.randint(0, max(1, source.num_classes), (batch_size,), generator=g)
-        return SyntheticBatches(
-            (images.to(device=device, dtype=torch.float16 if dtype == "float16" else torch.float32), labels.to(device)),
-            num_classes=source.num_classes, sizes=plan.batch_sizes)
+        images = images.to(device=device, dtype=torch.float16 if dtype == "float16" else torch.float32,
+                           memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        return SyntheticBatches((images, labels.to(device)), num_classes=source.num_classes, sizes=plan.batch_sizes)
     if backend == "native":
         from crossdali.pytorch.presets import ClassificationPresetEval, ClassificationPresetTrain
 
@@ -252,16 +267,17 @@ def create_classification_loader(
         sampler = ShardSampler(source.num_samples, rank=dist.rank, world=dist.world_size, shuffle=train,
                                seed=seed, batch_size=batch_size, policy=plan.policy)
         loader = torch.utils.data.DataLoader(
-            _FileDataset(source, preset), batch_size=batch_size, sampler=sampler, num_workers=workers,
+            _FileDataset(source, preset, hwc=channels_last), batch_size=batch_size, sampler=sampler, num_workers=workers,
             pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
             drop_last=plan.policy == LastBatchPolicy.DROP)
         return NativeLoader(loader, sampler, num_classes=source.num_classes, source=source,
-                            postprocess=lambda b: (b[0], b[1].view(-1).long()))
+                            postprocess=lambda b: (b[0].permute(0, 3, 1, 2) if channels_last else b[0],
+                                                   b[1].view(-1).long()))
 
     require_cuda(backend)
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
                                     checkpointing=checkpointing, prefetch_queue_depth=prefetch_queue_depth)
     return DALILoader(plan, options,
                       lambda opts: create_classification_pipeline(source, train=train, options=opts, transform=transform),
-                      names=("images", "labels"), reader_name=READER_NAME,
+                      names=("images", "labels"), reader_name=READER_NAME, channels_last=channels_last,
                       explain=lambda e: explain_decode_failure(source, e))

@@ -16,10 +16,13 @@ __all__ = ["ClassificationPresetTrain", "ClassificationPresetEval"]
 
 
 def _normalize(t: ClassificationTransform):
-    return [
+    """To [0, 1] floats, normalized in float32, then the preset's ``dtype`` (float16 rounds the result once,
+    as DALI's crop_mirror_normalize does)."""
+    steps = [
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(mean=[m / 255 for m in t.mean], std=[s / 255 for s in t.std]),
     ]
+    return steps + ([v2.ToDtype(torch.float16)] if t.dtype == "float16" else [])
 
 
 class ClassificationPresetTrain:

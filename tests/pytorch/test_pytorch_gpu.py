@@ -46,6 +46,18 @@ def test_gpu_val_close_to_cpu_val(tiny_classification, hw_decoder_load):
     assert grey.mean() < 2.0
 
 
+def test_gpu_float16_channels_last_are_the_float32_values_rounded(tiny_classification):
+    """The training script's input under ``--amp --channels-last``: DALI's GPU kernels writing float16
+    NHWC give the float32 NCHW values rounded once (what float16 autocast would do to them)."""
+    kw = dict(train=False, backend="dali-gpu", batch_size=16, crop_size=64)
+    data = tiny_classification / "imagefolder"
+    plain = [x for x, _ in create_classification_loader(data, **kw)]
+    fast = [x for x, _ in create_classification_loader(data, dtype="float16", channels_last=True, **kw)]
+    for a, b in zip(plain, fast, strict=True):
+        assert b.is_cuda and b.dtype == torch.float16 and b.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(b, a.half())
+
+
 def test_gpu_val_exactly_once_over_two_shards(indexed_val_source, assert_epoch_coverage):
     seen = []
     for rank in range(2):

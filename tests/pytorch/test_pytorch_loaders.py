@@ -145,3 +145,29 @@ def test_prefetch_depth_does_not_change_the_batches(indexed_val_source):
     assert len(epochs[1]) == len(epochs[3]) > 1
     for (a, la), (b, lb) in zip(epochs[1], epochs[3], strict=True):
         assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["dali-cpu", "native", "synthetic"])
+def test_channels_last_and_float16_keep_the_values(indexed_val_source, backend):
+    """What the training script asks for under ``--amp --channels-last`` on a GPU: the same val images,
+    channels-last in memory (DALI and the native preset write NHWC, the batch is its NCHW view), and
+    in float16 the float32 values rounded once to nearest."""
+    kw = dict(train=False, backend=backend, batch_size=16, crop_size=24, workers=1)
+    plain = [x for x, _ in create_classification_loader(indexed_val_source, **kw)]
+    fast = [x for x, _ in create_classification_loader(indexed_val_source, dtype="float16", channels_last=True, **kw)]
+    assert len(fast) == len(plain) > 1
+    for a, b in zip(plain, fast, strict=True):
+        assert b.dtype == torch.float16 and b.shape == a.shape == (b.shape[0], 3, 24, 24)
+        assert b.is_contiguous(memory_format=torch.channels_last) and not b.is_contiguous()
+        assert torch.equal(b, a.half())
+        # a model in channels_last takes the batch as it is: no copy
+        assert b.contiguous(memory_format=torch.channels_last).data_ptr() == b.data_ptr()
+
+
+def test_channels_last_over_two_pipelines(indexed_val_source):
+    """Two pipelines' NHWC halves are joined before the view: still every image once, channels-last."""
+    kw = dict(train=False, backend="dali-cpu", batch_size=8, crop_size=16, workers=1, pipelines=2)
+    plain = list(create_classification_loader(indexed_val_source, **kw))
+    fast = list(create_classification_loader(indexed_val_source, channels_last=True, **kw))
+    for (a, la), (b, lb) in zip(plain, fast, strict=True):
+        assert torch.equal(la, lb) and torch.equal(a, b) and b.is_contiguous(memory_format=torch.channels_last)
