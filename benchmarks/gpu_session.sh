@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|tfnative|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -21,7 +21,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|tfnative|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -153,9 +153,9 @@ case $phase in
     step train_prio 300 "$py" -m benchmarks.classification_loaders --out "$out/train_prio" --skip-loader \
       --train-sync none --train-backends synthetic,dali-gpu --train-threads 4 --train-rounds 3 --train-steps 120 \
       --train-loop copied --train-stream default,high ;;
-  trainhalf)  # issue 14: the PyTorch script before (BASE: a copy of the tree before, whose batches were float32 NCHW,
-    # copied to channels-last and cast to float16 on the GPU every step) and after (DALI writes float16 NHWC, the batch
-    # is its channels-last view), alternating, one round each (ROUNDS: which, default 1); the bench set built first
+  trainhalf)  # issue 14: the PyTorch script before (BASE: a copy of the tree before, whose float32 NCHW batches were
+    # copied to channels-last on the GPU every step) and after (the batch a view of DALI's NHWC output; run on 2026-11-27
+    # at 4899361, where DALI also wrote float16), alternating, one round each (ROUNDS: which, default 1); bench set first
     base=${BASE:?trainhalf needs BASE=<the tree before, e.g. git archive a614e03 | tar x -C DIR>}
     step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
     for r in ${ROUNDS:-1}; do
@@ -269,6 +269,10 @@ case $phase in
     # (native left out: each XLA row takes about 3 minutes, so three do not fit a call beside the others)
     dmon_step training_speed_tf 450 "$py" -m benchmarks.training_speed --framework tensorflow --backends synthetic,dali-gpu \
       --timeout 280 --out "$out/tf_train" ;;
+  tfnative)  # item 4's last row: the Keras script's native row (tf.data + tf.image) with XLA beside synthetic, in the
+    # call that installs TensorFlow (about 2 min; the bench set already built by an earlier phase of the lease)
+    dmon_step training_speed_tf_native 420 "$py" -m benchmarks.training_speed --framework tensorflow \
+      --backends synthetic,native --timeout 200 --out "$out/tf_native" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
   decodeprobe)  # which damaged JPEGs each DALI decoder refuses (the data checker's test corpus depends on it)

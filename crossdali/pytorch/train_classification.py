@@ -63,7 +63,7 @@ def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, amp: Mixe
     for images, target in tracker.steps(loader):
         images = images.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
-        if channels_last:
+        if channels_last:  # a no-op for load_data's batches (already channels-last); the multi-label ones are copied
             images = images.contiguous(memory_format=torch.channels_last)
         with amp.autocast():
             loss = criterion(model(images), target)
@@ -91,18 +91,10 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
     train_src, val_src = resolve_multilabel_splits(args, data, backend)
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   py_workers=max(1, args.workers // 2), seed=args.seed, dist=runtime.dist,
-                  device_id=runtime.dist.local_rank, dtype=input_dtype(args, runtime))
+                  device_id=runtime.dist.local_rank)
     train_loader = create_multilabel_loader(train_src, train=True, checkpointing=True, **common)
     val_loader = create_multilabel_loader(val_src, train=False, **common)
     return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
-
-
-def input_dtype(args, runtime: Runtime) -> str:
-    """The images' type from the loader: float16 where ``--amp`` computes in float16 (CUDA), since the
-    first convolution casts its input to float16 anyway; DALI then writes half the bytes and no cast
-    runs per step. The values the model sees are the same: DALI and torch both round to nearest."""
-    amp_float16 = args.amp and MixedPrecision.default_dtype(runtime.device.type) == torch.float16
-    return "float16" if amp_float16 else "float32"
 
 
 def load_data(args, runtime: Runtime, backend: str):
@@ -117,8 +109,7 @@ def load_data(args, runtime: Runtime, backend: str):
         data = build_on_rank0(runtime, lambda: ensure_classification(size=args.sample_size)) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank,
-                  dtype=input_dtype(args, runtime), channels_last=args.channels_last,
-                  hw_decoder_load=args.hw_decoder_load)
+                  dtype="float32", channels_last=args.channels_last, hw_decoder_load=args.hw_decoder_load)
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_source(data, "train", **check)
     val_src = resolve_source(data, "val", **check)
@@ -162,9 +153,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     metric = "val_map" if args.multi_label else "val_top1"
     r = start_run(args, runtime, model, train_loader, task="classification", metric=metric, ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=256,
-                  meta={"multi_label": args.multi_label},
-                  start={"pipelines": args.pipelines,
-                         "input_dtype": input_dtype(args, runtime)})
+                  meta={"multi_label": args.multi_label}, start={"pipelines": args.pipelines})
 
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes,

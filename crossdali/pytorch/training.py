@@ -180,14 +180,9 @@ class MixedPrecision:
 
     def __init__(self, *, enabled: bool, runtime: Runtime, dtype: torch.dtype | None = None) -> None:
         self.device_type = runtime.device.type
-        self.dtype = (dtype or self.default_dtype(runtime.device.type)) if enabled else None
+        self.dtype = (dtype or (torch.float16 if self.device_type == "cuda" else torch.bfloat16)) if enabled else None
         self.horovod = runtime.engine == "horovod"
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
-
-    @staticmethod
-    def default_dtype(device_type: str) -> torch.dtype:
-        """What ``--amp`` computes in on this device: float16 on CUDA, bfloat16 elsewhere."""
-        return torch.float16 if device_type == "cuda" else torch.bfloat16
 
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)

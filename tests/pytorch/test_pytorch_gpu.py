@@ -46,16 +46,23 @@ def test_gpu_val_close_to_cpu_val(tiny_classification, hw_decoder_load):
     assert grey.mean() < 2.0
 
 
-def test_gpu_float16_channels_last_are_the_float32_values_rounded(tiny_classification):
-    """The training script's input under ``--amp --channels-last``: DALI's GPU kernels writing float16
-    NHWC give the float32 NCHW values rounded once (what float16 autocast would do to them)."""
+def test_gpu_channels_last_same_values_float16_close(tiny_classification):
+    """DALI's GPU kernels writing NHWC (the ``channels_last`` view) give the very values of NCHW. In
+    float16 they are close to float32's but not float32's rounded once: on an H100 (2026-11-27,
+    results/gpu_tests/pytorch_gpu_tests_float16_equal_2026-11-27.log) an equality check failed with
+    values one and two float16 steps apart, so the training script keeps float32 batches."""
     kw = dict(train=False, backend="dali-gpu", batch_size=16, crop_size=64)
     data = tiny_classification / "imagefolder"
     plain = [x for x, _ in create_classification_loader(data, **kw)]
-    fast = [x for x, _ in create_classification_loader(data, dtype="float16", channels_last=True, **kw)]
-    for a, b in zip(plain, fast, strict=True):
-        assert b.is_cuda and b.dtype == torch.float16 and b.is_contiguous(memory_format=torch.channels_last)
-        assert torch.equal(b, a.half())
+    last = [x for x, _ in create_classification_loader(data, channels_last=True, **kw)]
+    half = [x for x, _ in create_classification_loader(data, dtype="float16", channels_last=True, **kw)]
+    worst = 0.0
+    for a, b, c in zip(plain, last, half, strict=True):
+        assert b.is_cuda and b.is_contiguous(memory_format=torch.channels_last) and torch.equal(b, a)
+        assert c.dtype == torch.float16 and c.is_contiguous(memory_format=torch.channels_last)
+        worst = max(worst, float((c.float() - a.half().float()).abs().max()))
+        assert torch.allclose(c.float(), a, rtol=2e-3, atol=1e-3)
+    print(f"float16 against float32 rounded to float16: largest difference {worst:.5f}")
 
 
 def test_gpu_val_exactly_once_over_two_shards(indexed_val_source, assert_epoch_coverage):

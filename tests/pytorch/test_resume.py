@@ -145,8 +145,6 @@ def test_sigterm_resume_on_gpu_with_amp(tmp_path, indexed_data):
     gpu = ("--data-backend", "dali-gpu", "--amp", "--channels-last")
     ref = _probe(tmp_path / "ref.jsonl", tmp_path / "ref", indexed_data, *gpu)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    start = json.loads((tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()[0])
-    assert start["event"] == "start" and start["input_dtype"] == "float16"  # what float16 autocast computes in
     out = tmp_path / "run"
     killed = _probe(tmp_path / "killed.jsonl", out, indexed_data, *gpu, kill_at=11)
     assert killed.returncode == 128 + 15, killed.stderr[-3000:]
