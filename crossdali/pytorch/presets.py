@@ -17,7 +17,7 @@ __all__ = ["ClassificationPresetTrain", "ClassificationPresetEval"]
 
 def _normalize(t: ClassificationTransform):
     """To [0, 1] floats, normalized in float32, then the preset's ``dtype`` (float16 rounds the result once,
-    as DALI's crop_mirror_normalize does)."""
+    as DALI's CPU crop_mirror_normalize does; its GPU kernel's float16 can differ by a float16 step or two)."""
     steps = [
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(mean=[m / 255 for m in t.mean], std=[s / 255 for s in t.std]),
