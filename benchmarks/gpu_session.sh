@@ -350,7 +350,8 @@ case $phase in
   lists)  # WebDataset shards and a multi-label list (against torchvision's DataLoader): 280 s was too short
     # on 2026-11-26 (cut short in the torchvision multi-label row). LOADER_FORMATS_ARGS=--skip-multilabel:
     # the ImageFolder and WebDataset rows only
-    step loader_formats 540 "$py" -m benchmarks.loader_formats --out "$out" ${LOADER_FORMATS_ARGS:-} ;;
+    # (dmon beside it since 2026-11-27, whose multi-label run through this phase recorded none)
+    dmon_step loader_formats 540 "$py" -m benchmarks.loader_formats --out "$out" ${LOADER_FORMATS_ARGS:-} ;;
   inference)  # a served model: batch-1 latency and batch-64 throughput, DALI GPU against PIL + torchvision
     step inference 420 "$py" -m benchmarks.inference --out "$out" ;;
   pack)
