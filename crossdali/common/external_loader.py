@@ -44,13 +44,14 @@ class ExternalLoaderMixin:
     consumed batches skipped (exact for a stream that yields the same items each time).
     """
 
-    def __init__(self, ext: ExternalPlan, options: PipelineOptions) -> None:
+    def __init__(self, ext: ExternalPlan, options: PipelineOptions, **loader_options) -> None:
+        """``loader_options``: what the framework's ``DALILoader`` takes besides (PyTorch: ``channels_last``)."""
         self.ext = ext
         self._skip, self._offset, self._samples, self._batches = 0, 0, 0, 0
         self._limit = ext.samples_in_epoch(options)
         super().__init__(ext.plan, options,
                          lambda opts: ext.build(opts, skip_batches=self._skip, epoch_offset=self._offset),
-                         names=("images", "labels"), reader_name=None, explain=explain_external(ext))
+                         names=("images", "labels"), reader_name=None, explain=explain_external(ext), **loader_options)
 
     def _make_iterator(self, options: PipelineOptions):
         with stream_checkpoint_warning_silenced():

@@ -49,6 +49,7 @@ def create_external_source_loader(
     feed: ExternalSourceOptions | None = None,
     name: str | None = None,
     multi_label: bool = False,
+    channels_last: bool = False,
 ) -> ExternalSourceLoader:
     """``(images, labels)`` batches (float NCHW, int64) from a Python source of ``(encoded bytes, label)``.
 
@@ -61,6 +62,8 @@ def create_external_source_loader(
     initialised in this process). ``checkpointing`` lets ``state_dict()`` resume mid-epoch.
     ``multi_label``: each sample's label is a list of class indices; labels come out as
     ``(N, num_classes)`` float32 multi-hot (see ``create_multilabel_loader`` for list files).
+    ``channels_last``: the images in torch's channels-last memory format, as in
+    ``crossdali.pytorch.create_classification_loader``.
     """
     feed = feed or ExternalSourceOptions()
     if feed.py_start_method == "auto":
@@ -69,7 +72,8 @@ def create_external_source_loader(
     ext = prepare_external_source(source, train=train, backend=backend, backends=EXTERNAL_BACKENDS,
                                   batch_size=batch_size, num_samples=num_samples, num_classes=num_classes, dist=dist,
                                   last_batch=last_batch, feed=feed, seed=seed, name=name, multi_label=multi_label,
-                                  transform=ClassificationTransform(crop_size=crop_size, dtype=dtype))
+                                  transform=ClassificationTransform(crop_size=crop_size, dtype=dtype,
+                                                                    output_layout="HWC" if channels_last else "CHW"))
     require_cuda(backend)
     options = ext.plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)
-    return ExternalSourceLoader(ext, options)
+    return ExternalSourceLoader(ext, options, channels_last=channels_last)

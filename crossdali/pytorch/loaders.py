@@ -68,13 +68,10 @@ class DALILoader(DALIIteratorLoader):
                                    last_batch_policy=self._iterator_policy, auto_reset=True)
 
     def _outputs(self, raw) -> dict:
-        return raw[0]  # one pipeline
-
-    def _next(self) -> dict | None:
-        batch = super()._next()
-        if batch is not None and self.channels_last:  # a view: (N, C, H, W) with channels-last strides, no copy
-            batch["images"] = batch["images"].permute(0, 3, 1, 2)
-        return batch
+        outputs = raw[0]  # one pipeline
+        if self.channels_last:  # a view: (N, C, H, W) with channels-last strides, no copy (torch.cat keeps them)
+            outputs["images"] = outputs["images"].permute(0, 3, 1, 2)
+        return outputs
 
     def _flat(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(-1)

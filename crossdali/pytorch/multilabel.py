@@ -31,6 +31,7 @@ def create_multilabel_loader(
     dtype: str = "float32",
     checkpointing: bool = True,
     exclude=None,
+    channels_last: bool = False,
 ) -> ExternalSourceLoader:
     """``(images, labels)`` for the train or val split of a multi-label list: float NCHW images
     (crossdali's train or val transform) and ``(N, classes)`` float32 multi-hot labels.
@@ -38,9 +39,11 @@ def create_multilabel_loader(
     ``data``: a folder with ``train.txt``/``val.txt`` (or ``.csv``), a list file, or a resolved
     ``MultiLabelSource``. ``py_workers``: DALI's Python worker processes reading the files (0:
     read in this process); ``workers``: DALI's threads. Every sample once per epoch across the ``dist`` shards, reshuffled
-    every training epoch; ``checkpointing`` makes ``state_dict()`` resume mid-epoch.
+    every training epoch; ``checkpointing`` makes ``state_dict()`` resume mid-epoch. ``channels_last``:
+    the images in torch's channels-last memory format (``create_classification_loader``).
     """
     source, kwargs = multilabel_loader_args(data, train=train, py_workers=py_workers, exclude=exclude)
     return create_external_source_loader(
         source, train=train, backend=backend, batch_size=batch_size, crop_size=crop_size, workers=workers,
-        seed=seed, dist=dist, device_id=device_id, dtype=dtype, checkpointing=checkpointing, **kwargs)
+        seed=seed, dist=dist, device_id=device_id, dtype=dtype, checkpointing=checkpointing,
+        channels_last=channels_last, **kwargs)

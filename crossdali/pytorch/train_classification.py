@@ -63,7 +63,7 @@ def train_one_epoch(model, criterion, optimizer, scheduler, loader, *, amp: Mixe
     for images, target in tracker.steps(loader):
         images = images.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
-        if channels_last:  # a no-op for load_data's batches (already channels-last); the multi-label ones are copied
+        if channels_last:  # a no-op for load_data's batches (already channels-last): kept for any other loader
             images = images.contiguous(memory_format=torch.channels_last)
         with amp.autocast():
             loss = criterion(model(images), target)
@@ -91,7 +91,7 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
     train_src, val_src = resolve_multilabel_splits(args, data, backend)
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   py_workers=max(1, args.workers // 2), seed=args.seed, dist=runtime.dist,
-                  device_id=runtime.dist.local_rank)
+                  device_id=runtime.dist.local_rank, channels_last=args.channels_last)
     train_loader = create_multilabel_loader(train_src, train=True, checkpointing=True, **common)
     val_loader = create_multilabel_loader(val_src, train=False, **common)
     return train_loader, val_loader, train_src.num_classes, list(train_src.classes)

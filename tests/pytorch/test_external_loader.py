@@ -46,6 +46,16 @@ def test_loader_contract_and_val_equals_the_file_reader(val_items, indexed_val_s
     assert loader.epoch == 1 and _ids(_epoch(loader)) == list(range(55))  # the next for is the next epoch
 
 
+def test_channels_last_is_the_same_batch_in_the_model_layout(val_items):
+    """``channels_last``: DALI writes NHWC and the batch is its NCHW view, the padded last batch
+    trimmed alike."""
+    plain, fast = _epoch(_loader(val_items, train=False)), _epoch(_loader(val_items, train=False, channels_last=True))
+    assert [b[0].shape for b in fast] == [b[0].shape for b in plain]
+    for (a, la), (b, lb) in zip(plain, fast, strict=True):
+        assert b.is_contiguous(memory_format=torch.channels_last) and not b.is_contiguous()
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_val_shards_see_every_sample_once(val_items, world, assert_epoch_coverage):
     seen = [_ids(_epoch(_loader(val_items, train=False, dist=DistInfo(rank=r, world_size=world))))

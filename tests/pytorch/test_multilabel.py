@@ -53,6 +53,10 @@ def test_loader_gives_multi_hot_labels_in_list_order(multilabel_root):
     assert images.shape == (40, 3, 32, 32) and images.dtype == torch.float32 and images.std() > 0.1
     assert labels.dtype == torch.float32 and labels.shape == (40, 11)
     np.testing.assert_array_equal(labels.numpy(), source.label_matrix())  # val: the list's order, exact labels
+    last = create_multilabel_loader(source, train=False, batch_size=16, crop_size=32, workers=1, py_workers=1,
+                                    channels_last=True)  # what --channels-last asks for: the same images
+    for (a, _), b in zip(last, images.split(16), strict=True):
+        assert a.is_contiguous(memory_format=torch.channels_last) and torch.equal(a, b)
 
 
 def test_train_epochs_cover_every_sample_once_over_shards(multilabel_root):
