@@ -29,7 +29,8 @@ from crossdali.common.script import UsageError
 
 __all__ = ["LazyChoices", "TrainArgumentParser",
            "create_parser", "log_accepted_flags", "add_data_args", "add_model_args", "add_optimizer_args",
-           "add_classification_data_args", "add_run_args", "resolve_backend", "positive_int", "non_negative_int"]
+           "add_classification_data_args", "add_run_args", "resolve_backend", "resolve_num_classes", "positive_int",
+           "non_negative_int"]
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +254,16 @@ def resolve_backend(requested: str, *, gpu: str | None, gpu_note: str = "DALI mi
         raise UsageError(f"--data-backend dali-gpu needs {no_gpu}; use --data-backend dali-cpu")
     log.info("data backend: %s", requested)
     return requested
+
+
+def resolve_num_classes(given: int | None, found: int, *, data_format: str, data) -> int:
+    """``--num-classes`` when given, else what the dataset says (``found``: 0 when it cannot tell, as
+    TFRecord or RecordIO records without label metadata); neither is a user error, named before training."""
+    if given:
+        return given
+    if not found:
+        raise UsageError(f"cannot tell the number of classes of the {data_format} data at {data}: pass --num-classes")
+    return found
 
 
 def log_accepted_flags(args: argparse.Namespace, *, channels_last: str | None = None,

@@ -54,6 +54,7 @@ from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
     log_accepted_flags,
     resolve_backend,
+    resolve_num_classes,
 )
 from crossdali.mxnet.distributed import Runtime, init_distributed
 from crossdali.mxnet.loaders import create_classification_loader
@@ -238,9 +239,8 @@ def load_data(args, runtime: Runtime, backend: str):
     train_loader = create_classification_loader(train_src, train=True, **common)
     val_loader = create_classification_loader(val_src, train=False, **common)
     names = label_names(train_src, num_classes=args.num_classes or train_src.num_classes, sample=args.data is None)
-    num_classes = args.num_classes or train_src.num_classes or len(names)
-    if not num_classes:
-        raise ValueError(f"cannot tell the number of classes of {train_src.format} data at {data}: pass --num-classes")
+    num_classes = resolve_num_classes(args.num_classes, train_src.num_classes or len(names), data_format=train_src.format,
+                                      data=data)
     return train_loader, val_loader, num_classes, names
 
 

@@ -30,6 +30,7 @@ from crossdali.common.sample_data import class_names as sample_class_names
 from crossdali.common.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.script import UsageError, run
 from crossdali.common.sources import resolve_source
+from crossdali.common.train_args import resolve_num_classes
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.loaders import create_classification_loader
 from crossdali.pytorch.multilabel import create_multilabel_loader
@@ -117,10 +118,7 @@ def load_data(args, runtime: Runtime, backend: str):
     train_loader = create_classification_loader(train_src, train=True, checkpointing=True, pipelines=args.pipelines,
                                                 **common)
     val_loader = create_classification_loader(val_src, train=False, pipelines=args.pipelines, **common)
-    num_classes = args.num_classes or train_src.num_classes
-    if not num_classes:
-        raise UsageError(f"cannot tell the number of classes of the {train_src.format} data at {data}: "
-                         "pass --num-classes")
+    num_classes = resolve_num_classes(args.num_classes, train_src.num_classes, data_format=train_src.format, data=data)
     if train_src.classes:
         names = list(train_src.classes)
     elif args.data is None:

@@ -56,6 +56,7 @@ from crossdali.common.sources import resolve_source
 from crossdali.common.train_args import (
     log_accepted_flags,
     resolve_backend,
+    resolve_num_classes,
 )
 from crossdali.tensorflow.distributed import Runtime, init_distributed
 from crossdali.tensorflow.loaders import create_classification_loader
@@ -264,9 +265,7 @@ def load_data(args, runtime: Runtime, backend: str):
     val_src = resolve_source(data, "val", **check)
     train_loader = create_classification_loader(train_src, train=True, **common)
     val_loader = create_classification_loader(val_src, train=False, **common)
-    num_classes = args.num_classes or train_src.num_classes
-    if not num_classes:
-        raise ValueError(f"cannot tell the number of classes of {train_src.format} data at {data}: pass --num-classes")
+    num_classes = resolve_num_classes(args.num_classes, train_src.num_classes, data_format=train_src.format, data=data)
     names = label_names(train_src, num_classes=num_classes, sample=args.data is None)
     return train_loader, val_loader, num_classes, names
 

@@ -74,3 +74,18 @@ def test_script_refuses_the_bad_file_then_trains_with_the_exclusion_list(framewo
     trained = _train(framework, data, tmp_path / "run2", tmp_path / "cache", "--exclude", str(exclude))
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
     assert "excluded 1 of 13 samples" in trained.stdout + trained.stderr  # said, never silent
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_script_asks_for_num_classes_where_the_records_do_not_say(framework, tiny_classification, tmp_path):
+    """TFRecord files without label metadata: one line naming the data and ``--num-classes`` (exit 2),
+    not a traceback; with the flag, the same data passes that check (here: the run trains)."""
+    pytest.importorskip(SCRIPTS[framework][0])
+    data = tiny_classification / "tfrecord"
+    refused = _train(framework, data, tmp_path / "run1", tmp_path / "cache", "--skip-check")
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-3000:]
+    lines = [line for line in refused.stderr.strip().splitlines() if ": error:" in line.lower()]
+    assert len(lines) == 1 and "--num-classes" in lines[0] and str(data) in lines[0], refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    trained = _train(framework, data, tmp_path / "run2", tmp_path / "cache", "--skip-check", "--num-classes", "11")
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
