@@ -257,8 +257,8 @@ def resolve_backend(requested: str, *, gpu: str | None, gpu_note: str = "DALI mi
 
 
 def resolve_num_classes(given: int | None, found: int, *, data_format: str, data) -> int:
-    """``--num-classes`` when given, else what the dataset says (``found``: 0 when it cannot tell, as
-    TFRecord or RecordIO records without label metadata); neither is a user error, named before training."""
+    """``--num-classes`` when given, else what the dataset says (``found``: 0 when it cannot tell, as for
+    TFRecord or RecordIO records without label metadata). Neither: a user error, named before training."""
     if given:
         return given
     if not found:
