@@ -28,6 +28,7 @@ from crossdali.common.train_args import (
     add_optimizer_args,
     add_run_args,
     create_parser,
+    non_negative_int,
     positive_int,
 )
 
@@ -102,6 +103,10 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "trains (Keras' own rule for model.fit); on: also on the CPU, and under Horovod or "
                              "tf.distribute, where the gradients are compiled and their averaging and the optimizer are "
                              "not (their collectives are not XLA ops)")
+    parser.add_argument("--fetch-ahead", type=non_negative_int, default=0, metavar="N",
+                        help="batches a background thread fetches ahead of the train step (0: the loop fetches each "
+                             "batch after reading the last step's loss). DALIDataset's next() waits for the step "
+                             "queued on TensorFlow's stream; from the thread it waits beside it")
     add_multi_label_arg(parser)
     return parser
 

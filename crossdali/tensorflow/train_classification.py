@@ -38,6 +38,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from crossdali.common import script_parsers
+from crossdali.common.background import fetch_ahead
 from crossdali.common.metrics import format_test_line, val_stats
 from crossdali.common.runs import (
     BestCheckpoint,
@@ -151,29 +152,36 @@ def make_train_step(model, optimizer, loss_fn, runtime: Runtime, *, jit_compile:
 
 
 def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runtime: Runtime,
-                    steps: StepLog) -> dict[str, float]:
-    """One epoch; each step's loss is read before the next batch is fetched. Fetching the next batch
-    while the GPU ran the step (tried on an H100, 2026-11-27) gained nothing: ``DALIDataset``'s next()
-    then waited for the running step (37 ms of a 55 ms step), and ``dali-gpu`` stayed at 90-92 % of
-    synthetic speed."""
+                    steps: StepLog, fetch_ahead_batches: int = 0) -> dict[str, float]:
+    """One epoch; each step's loss is read before the next step starts.
+
+    ``fetch_ahead_batches`` > 0: a background thread fetches the batches (``--fetch-ahead``).
+    ``DALIDataset``'s next() copies the batch on TensorFlow's compute stream and waits for that
+    stream, so fetched here it waits for the step already queued (37 ms of a 55 ms step when tried on
+    an H100, 2026-11-27) or, after the loss is read, leaves the GPU idle while it runs; from the
+    thread it waits beside the step."""
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     start = time.perf_counter()
-    it = iter(loader)
-    for step in range(len(loader)):
-        t0 = time.perf_counter()
-        try:
-            images, labels = next(it)
-        except StopIteration:
-            break
-        wait = time.perf_counter() - t0
-        data_wait += wait
-        lr = schedule(step0 + step)
-        optimizer.learning_rate.assign(lr)
-        loss = float(train_step(images, labels))  # waits for the step: step times are real
-        n = int(images.shape[0])
-        loss_sum += loss * n
-        seen += n
-        steps.update(loss=loss, lr=lr, samples=n, step_seconds=time.perf_counter() - t0, data_wait_seconds=wait)
+    total = len(loader)  # before the thread starts taking batches
+    it = fetch_ahead(loader, fetch_ahead_batches)
+    try:
+        for step in range(total):
+            t0 = time.perf_counter()
+            try:
+                images, labels = next(it)
+            except StopIteration:
+                break
+            wait = time.perf_counter() - t0
+            data_wait += wait
+            lr = schedule(step0 + step)
+            optimizer.learning_rate.assign(lr)
+            loss = float(train_step(images, labels))  # waits for the step: step times are real
+            n = int(images.shape[0])
+            loss_sum += loss * n
+            seen += n
+            steps.update(loss=loss, lr=lr, samples=n, step_seconds=time.perf_counter() - t0, data_wait_seconds=wait)
+    finally:
+        it.close()
     steps.close()
     elapsed = time.perf_counter() - start
     loss_total, seen_total = runtime.all_reduce_sum([loss_sum, seen])
@@ -374,7 +382,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=steps_per_epoch,
                         world_size=runtime.dist.world_size, enabled=runtime.dist.is_main, print_freq=args.print_freq)
         stats = train_one_epoch(train_step, optimizer, train_loader, step0=epoch * steps_per_epoch,
-                                schedule=schedule, runtime=runtime, steps=steps)
+                                schedule=schedule, runtime=runtime, steps=steps,
+                                fetch_ahead_batches=args.fetch_ahead)
         if runtime.hvd is not None:  # Horovod averages gradients only: every rank evaluates (and rank 0
             for var in model.non_trainable_variables:  # saves) rank 0's BatchNorm statistics
                 var.assign(runtime.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0))

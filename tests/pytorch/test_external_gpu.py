@@ -52,6 +52,28 @@ def test_external_gpu_val_equals_the_gpu_file_reader(val_items, indexed_val_sour
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
+def test_channels_last_on_the_gpu_is_the_default_batch_for_external_and_multilabel(val_items, data_root):
+    """``channels_last`` on CUDA (the script's ``--channels-last``): the external-source and multi-label
+    loaders hand out the NCHW view of DALI's NHWC output, the same values as their default batches,
+    the external loader's trimmed last batch included."""
+    from crossdali.common.multilabel import read_multilabel_list
+    from crossdali.common.sample_data import ensure_multilabel
+    from crossdali.pytorch.multilabel import create_multilabel_loader
+
+    kw = dict(train=False, backend="dali-gpu", batch_size=8, crop_size=CROP, num_classes=55, workers=2)
+    plain = list(create_external_source_loader(val_items, **kw))
+    last = list(create_external_source_loader(val_items, channels_last=True, **kw))
+    assert [x.shape[0] for x, _ in last] == [8] * 6 + [7]
+    lists = read_multilabel_list(ensure_multilabel(data_root, "tiny") / "val.txt")
+    kw = dict(train=False, backend="dali-gpu", batch_size=16, crop_size=CROP, workers=2, py_workers=1)
+    plain += list(create_multilabel_loader(lists, **kw))
+    last += list(create_multilabel_loader(lists, channels_last=True, **kw))
+    assert len(last) == len(plain) == 7 + 3
+    for (a, la), (b, lb) in zip(plain, last, strict=True):
+        assert b.is_cuda and b.is_contiguous(memory_format=torch.channels_last) and not b.is_contiguous()
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
 def test_squirrel_store_on_the_gpu_in_spawned_workers(tiny_classification, tmp_path):
     """The store as shards, read by 3 spawned DALI workers (CUDA is up): every sample once per
     epoch, and the same bits as reading the shards in this process."""

@@ -146,3 +146,19 @@ def test_xla_step_trains_like_the_graph_step(data_root, tiny_classification, tmp
     assert len(losses["on"]) == len(losses["off"]) == 17
     assert losses["on"][0] == pytest.approx(losses["off"][0], rel=1e-5)
     assert losses["on"][:4] == pytest.approx(losses["off"][:4], rel=1e-2)
+
+
+def test_fetch_ahead_trains_on_the_same_batches(data_root, tiny_classification, tmp_path, monkeypatch):
+    """``--fetch-ahead 1`` (a background thread fetches the batches) against the loop fetching them: the
+    same batches in the same order, so the same step losses, every sample once, and the loader's epoch
+    count right for the next epoch (the thread never reads past the epoch)."""
+    monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
+    losses = {}
+    for ahead in ("0", "1"):
+        out = tmp_path / ahead
+        stats = main(get_args_parser().parse_args([*FAST, "--epochs", "2", "--jit-compile", "off", "--fetch-ahead",
+                                                   ahead, "--output-dir", str(out)]))
+        assert stats["train_samples"] == 264 and stats["val_samples"] == 55
+        losses[ahead] = [r["loss"] for r in read_metrics(out) if r["event"] == "step"]
+    assert len(losses["1"]) == len(losses["0"]) == 2 * 17
+    assert losses["1"] == pytest.approx(losses["0"], rel=1e-4)
