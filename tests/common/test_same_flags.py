@@ -24,8 +24,10 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
 #: --pipelines (the shard split over several DALI pipelines) is PyTorch's only: its loader merges them, and
 #: TensorFlow's DALIDataset, MXNet's and the JAX script's loaders run one pipeline per process;
 #: --jit-compile (XLA for the train step) is TensorFlow's only: the JAX script always compiles its step with
-#: XLA, and PyTorch's and MXNet's have no XLA
-ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines"}, "tensorflow": {"--jit-compile"}}
+#: XLA, and PyTorch's and MXNet's have no XLA; --fetch-ahead (a thread fetching the batches) is TensorFlow's
+#: only: DALIDataset's next() waits for TensorFlow's compute stream, where DALI's PyTorch, MXNet and JAX
+#: iterators hand over batches without waiting for the running step
+ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines"}, "tensorflow": {"--jit-compile", "--fetch-ahead"}}
 
 
 def _parser(framework: str):
