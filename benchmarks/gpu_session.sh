@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|tfnative|tfahead|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -21,7 +21,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|tfnative|tfahead|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -278,8 +278,14 @@ case $phase in
     # persistent cache (TF_XLA_FLAGS, measured to work with TF 2.21 on the CPU) lets the second variant's rows reuse
     # the first's compiled step, so four rows fit a call (each compiling one took about 3 minutes on 2026-11-27)
     dmon_step training_speed_tf_ahead 575 env TF_XLA_FLAGS="${TF_XLA_FLAGS:+$TF_XLA_FLAGS }--tf_xla_persistent_cache_directory=/tmp/xla-cache" \
-      "$py" -m benchmarks.training_speed --framework tensorflow --backends synthetic,dali-gpu --variant loop= \
+      "$py" -m benchmarks.training_speed --framework tensorflow --backends synthetic,dali-gpu --variant loop='--fetch-ahead 0' \
       --variant ahead='--fetch-ahead 1' --epochs 5 --timeout 280 --out "$out/tf_ahead" ;;
+  tfahead2)  # after tfahead on the same machine: both variants again in the reverse order, every row's step loaded from
+    # XLA's persistent cache (2026-11-27: the first run's rows that compiled differed from those that loaded the step,
+    # synthetic 4,867 against 5,190 images/s, so its shares compare different executables)
+    dmon_step training_speed_tf_ahead_cached 560 env TF_XLA_FLAGS="${TF_XLA_FLAGS:+$TF_XLA_FLAGS }--tf_xla_persistent_cache_directory=/tmp/xla-cache" \
+      "$py" -m benchmarks.training_speed --framework tensorflow --backends synthetic,dali-gpu \
+      --variant ahead='--fetch-ahead 1' --variant loop='--fetch-ahead 0' --epochs 5 --timeout 200 --out "$out/tf_ahead_cached" ;;
   detection)
     step detection_loaders 300 "$py" -m benchmarks.detection_loaders --out "$out" ;;
   decodeprobe)  # which damaged JPEGs each DALI decoder refuses (the data checker's test corpus depends on it)
