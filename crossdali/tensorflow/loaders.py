@@ -27,9 +27,11 @@ and never copied; ``loader.dataset`` applies the same table with tf.data ops, fo
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -216,6 +218,20 @@ def dali_dataset(pipeline, *, batch_size: int, output_shapes, output_dtypes, dev
 # --------------------------------------------------------------------------------------------
 
 
+#: loaders whose pipeline iterator is open, released at exit (``_release_at_exit``)
+_OPEN_LOADERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register  # runs before TensorFlow's own exit handlers (registered at its import, earlier)
+def _release_at_exit() -> None:
+    """Release every open loader's iterator while Python is still up. An external-source loader's
+    input is a ``from_generator`` dataset whose iterator, when released at interpreter teardown instead
+    (its loader kept alive by a reference cycle), makes TensorFlow print "Error occurred when finalizing
+    GeneratorDataset iterator: ... Python interpreter state is not initialized" at the end of a run."""
+    for loader in list(_OPEN_LOADERS):
+        loader.close()
+
+
 class DALILoader:
     """One of the shared DALI pipelines through ``DALIDataset``, with the epochs DALIDataset lacks.
 
@@ -248,7 +264,7 @@ class DALILoader:
         self.device = tf_device(options.pipeline_device_id)
         shapes = tuple(tf.TensorShape(s) for s in output_shapes)
         dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
-        self._epoch0, self._pos, self._it = 0, 0, None
+        self._epoch0, self._pos, self._it, self._closed = 0, 0, None, False
         self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
         self._raw = self._raw_dataset(build, options, shapes, dtypes, host_outputs=host_outputs)
 
@@ -294,15 +310,24 @@ class DALILoader:
         return self.epochs.steps(epoch, start=batch)
 
     def _next(self) -> tuple:
+        if self._closed:
+            raise RuntimeError("this loader was closed (close() released its DALI pipeline): create a new one")
         try:  # the iterator's start runs the pipeline's first batches: a bad sample fails there already
             with tf.device(self.device):  # the iterator (and with it the batches) on the pipeline's device
                 if self._it is None:
                     self._it = iter(self._raw)
+                    _OPEN_LOADERS.add(self)
                 batch = next(self._it)
         except tf.errors.OpError as e:
             raise self._explain(e) from e
         self._pos += 1
         return batch
+
+    def close(self) -> None:
+        """Release the DALI pipeline and its iterator now (also done for every open loader at exit);
+        the loader cannot be iterated afterwards."""
+        self._it, self._closed = None, True
+        _OPEN_LOADERS.discard(self)
 
     def __iter__(self) -> Iterator[tuple[tf.Tensor, ...]]:
         per_epoch = self.epochs.batches_per_reader_epoch

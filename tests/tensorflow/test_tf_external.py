@@ -105,3 +105,38 @@ def test_bad_samples_and_streams_are_refused_with_the_fix(val_items):
         _loader(lambda: iter(val_items))
     with pytest.raises(ValueError, match="DALIDataset cannot restore"):
         _loader(val_items, checkpointing=True)
+
+
+_EXIT_SCRIPT = """
+from crossdali.common.multilabel import read_multilabel_list
+from crossdali.common.sample_data import ensure_multilabel
+from crossdali.tensorflow.external import create_multilabel_loader
+
+source = read_multilabel_list(ensure_multilabel(size="tiny") / "val.txt")
+loader = create_multilabel_loader(source, train=False, batch_size=16, crop_size=32, workers=1)
+print(sum(int(x.shape[0]) for x, _ in loader), "samples")
+"""
+
+
+def test_a_script_ends_without_tensorflows_generator_finalizing_error(data_root):
+    """A process that iterated an external-source loader and exits without closing it: the loader's
+    ``from_generator`` iterator is released by crossdali's exit handler, while Python is up. Before it,
+    TensorFlow printed "Error occurred when finalizing GeneratorDataset iterator" at every such exit (the
+    TensorFlow script with --multi-label printed it twice)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "TF_CPP_MIN_LOG_LEVEL": "0"}
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "40 samples" in done.stdout
+    assert "GeneratorDataset" not in done.stderr
+
+
+def test_a_closed_loader_says_so_when_iterated(val_items):
+    loader = _loader(val_items, train=False)
+    assert len(list(loader)) == 7
+    loader.close()
+    with pytest.raises(RuntimeError, match=r"this loader was closed .*create a new one"):
+        next(iter(loader))
