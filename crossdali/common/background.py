@@ -54,8 +54,9 @@ class BackgroundIterator(Generic[T]):
         return False
 
     def _run(self, iterable: Iterable[T]) -> None:
-        it = iter(iterable)
+        it = None
         try:
+            it = iter(iterable)
             for item in it:
                 if not self._put((item, None)):
                     return

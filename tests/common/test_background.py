@@ -63,6 +63,15 @@ def test_an_error_arrives_after_the_items_before_it_with_its_message():
         next(it)
 
 
+def test_an_iterable_that_cannot_start_raises_in_the_consumer():
+    class Broken:
+        def __iter__(self):
+            raise OSError("shard list unreadable")
+
+    with pytest.raises(OSError, match="shard list unreadable"):
+        next(BackgroundIterator(Broken()))
+
+
 def test_close_stops_the_thread_and_runs_the_generators_finally():
     source = Counted(1000)
     with BackgroundIterator(source, ahead=1) as it:
