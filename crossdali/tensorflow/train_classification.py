@@ -159,7 +159,8 @@ def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runt
     ``DALIDataset``'s next() copies the batch on TensorFlow's compute stream and waits for that
     stream, so fetched here it waits for the step already queued (37 ms of a 55 ms step when tried on
     an H100, 2026-11-27) or, after the loss is read, leaves the GPU idle while it runs; from the
-    thread it waits beside the step."""
+    thread it waits beside the step (the same H100, ResNet-50 with ``dali-gpu``: 4,687 images/s with
+    the thread against 4,484 without, one run; README, TensorFlow training)."""
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     start = time.perf_counter()
     total = len(loader)  # before the thread starts taking batches
