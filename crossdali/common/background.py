@@ -28,19 +28,19 @@ class BackgroundIterator(Generic[T]):
     fetches one more meanwhile.
 
     An exception raised by the iterable is raised by the consumer's ``next()``, after the items
-    fetched before it. ``close()`` (also at the end of a ``with`` block, or when the iterable is
-    exhausted) stops the thread and closes the iterable's iterator in that thread, so a generator's
-    ``finally`` runs there; items fetched but not consumed are dropped, so close only where the
-    rest of the stream is not wanted (an epoch left early by an error or a stop request).
+    fetched before it. ``close()`` (also called when the iterable is exhausted) stops the thread and
+    closes the iterable's iterator in that thread, so a generator's ``finally`` runs there; items
+    fetched but not consumed are dropped, so close only where the rest of the stream is not wanted
+    (an epoch left early by an error or a stop request).
     """
 
-    def __init__(self, iterable: Iterable[T], *, ahead: int = 1, name: str = "crossdali-fetch") -> None:
+    def __init__(self, iterable: Iterable[T], *, ahead: int = 1) -> None:
         if ahead < 1:
             raise ValueError(f"ahead must be at least 1, got {ahead}")
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
-        self._stop = threading.Event()
-        self._finished = False
-        self._thread = threading.Thread(target=self._run, args=(iterable,), name=name, daemon=True)
+        self._stop = threading.Event()  # set by close(): the consumer wants no more
+        self._thread = threading.Thread(target=self._run, args=(iterable,), name="crossdali-fetch",
+                                        daemon=True)
         self._thread.start()
 
     def _put(self, item) -> bool:
@@ -72,7 +72,7 @@ class BackgroundIterator(Generic[T]):
         return self
 
     def __next__(self) -> T:
-        if self._finished:
+        if self._stop.is_set():
             raise StopIteration
         item, error = self._queue.get()
         if item is _DONE:
@@ -84,16 +84,9 @@ class BackgroundIterator(Generic[T]):
 
     def close(self) -> None:
         """Stop the thread (it finishes the item it is fetching) and wait for it."""
-        self._finished = True
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
-
-    def __enter__(self) -> BackgroundIterator[T]:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _in_this_thread(iterable: Iterable[T]) -> Iterator[T]:

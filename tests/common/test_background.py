@@ -74,8 +74,9 @@ def test_an_iterable_that_cannot_start_raises_in_the_consumer():
 
 def test_close_stops_the_thread_and_runs_the_generators_finally():
     source = Counted(1000)
-    with BackgroundIterator(source, ahead=1) as it:
-        assert next(it) == 0
+    it = BackgroundIterator(source, ahead=1)
+    assert next(it) == 0
+    it.close()
     assert source.closed.is_set() and source.taken <= 3  # not drained: the rest was not wanted
     assert not it._thread.is_alive()
 
