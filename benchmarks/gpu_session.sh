@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|multigpu2|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -21,7 +21,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|multigpu2|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -258,6 +258,22 @@ case $phase in
     # own GPU), per-GPU images/s and the val sample count of each run; dmon over every GPU (jpg column per GPU index)
     dmon_step multi_gpu 170 "$py" -m benchmarks.multi_gpu --gpus 1,2 --launchers torchrun --epochs 6 --timeout 120 \
       --out "$out/multi_gpu" ;;
+  multigpu2)  # issue 15's 0.855 on a 2-GPU kind: the training script of BASE (the tree before the stop agreement
+    # moved a step late: a blocking all-reduce after every step) and of this tree, alternating, 1 and 2 GPUs each,
+    # 15 DALI threads per rank in both (ROUNDS: which, default 1); SYNTHETIC=1 adds both trees on synthetic data
+    # (DDP without an input pipeline); nvidia-smi topo -m first (how the GPUs are linked)
+    base=${BASE:?multigpu2 needs BASE=<the tree before, e.g. git archive 2e9f5b9 crossdali | tar x -C DIR>}
+    nvidia-smi topo -m > "$out/topo.txt" 2>&1; cat "$out/topo.txt"
+    step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
+    mgpu=("$py" -m benchmarks.multi_gpu --gpus 1,2 --launchers torchrun --epochs 6 --workers 15 --timeout 120)
+    for r in ${ROUNDS:-1}; do
+      dmon_step mgpu_before_$r 200 "${mgpu[@]}" --tree "$base" --out "$out/before_$r"
+      dmon_step mgpu_after_$r 200 "${mgpu[@]}" --out "$out/after_$r"
+    done
+    if [ -n "${SYNTHETIC:-}" ]; then
+      step mgpu_synthetic_before 150 "${mgpu[@]}" --data-backend synthetic --tree "$base" --out "$out/synthetic_before"
+      step mgpu_synthetic_after 150 "${mgpu[@]}" --data-backend synthetic --out "$out/synthetic_after"
+    fi ;;
   tfsame1)  # item 4, TensorFlow on the day of the others (TF staged, . /tmp/tfenv.sh): TF against PyTorch (dali-gpu,
     # one process; it builds the bench set first); in the call that installs TensorFlow (about 2 min)
     dmon_step tf_vs_torch 230 "$py" -m benchmarks.tf_vs_torch --out "$out/tf_vs_torch" ;;

@@ -7,8 +7,12 @@ under torchrun (DDP) and, where Horovod is installed, horovodrun.
 Each run is the real training script (``crossdali.pytorch.train_classification``) with DALI on every
 GPU (``--data-backend dali-gpu``, hardware JPEG decoder), ResNet-50, AMP, channels-last, batch 256
 per GPU, on the ``bench`` sample set (8,195 JPEGs, built first if missing). Epoch 1 warms up; the
-median ``train_img_s`` of the later epochs is the job's rate. Writes ``multi_gpu.json`` and
-``multi_gpu.png`` into ``--out``.
+median ``train_img_s`` of the later epochs is the job's rate. ``steady_img_s`` leaves out each epoch's
+first and last step too (DALI's epoch start, the short last batch), which weigh twice as much in a
+2-GPU epoch of the bench set (16 steps) as in a 1-GPU one: the rate of the steps in between, from the
+script's per-step records. Writes ``multi_gpu.json``, ``multi_gpu.png`` and each run's log
+(``logs/``) into ``--out``. ``--tree DIR`` runs the training script of another checkout (the tree
+before a change, for an A/B run on the same machine).
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from pathlib import Path
 from benchmarks import usage_error
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository first, then the caller's
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -46,6 +49,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=int, default=540, help="seconds per run")
     parser.add_argument("--data-backend", default="dali-gpu", help="dali-cpu runs (and smoke-tests this) without GPUs")
     parser.add_argument("--no-amp", dest="amp", action="store_false", help="float32 instead of AMP")
+    parser.add_argument("--tree", type=Path, default=ROOT,
+                        help="checkout whose training script runs (default: this one; another for A/B runs)")
     return parser
 
 
@@ -69,10 +74,17 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
                       "-b", str(args.batch_size), "--epochs", str(args.epochs), "--channels-last",
                       "-j", str(workers), "--lr-warmup-epochs", "1", "--print-freq", "0", "--output-dir", tmp,
                       *(["--amp"] if args.amp else [])]
+        tree = args.tree.resolve()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
         start = time.perf_counter()
         proc = subprocess.run(_command(launcher, gpus, train_args), capture_output=True, text=True,
-                              timeout=args.timeout, env={**os.environ, "PYTHONPATH": PYTHONPATH})
+                              timeout=args.timeout, env=env, cwd=tree)
         record["wall_s"] = round(time.perf_counter() - start, 1)
+        if tree != ROOT:
+            record["tree"] = str(tree)
+        logs = args.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{launcher}_{gpus}gpu.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             return record | {"failed": proc.stderr[-4000:]}
         records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
@@ -80,8 +92,24 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
     timed = [r["train_img_s"] for r in epochs[1:]] or [epochs[-1]["train_img_s"]]
     job = statistics.median(timed)
     return record | {"engine": records[0]["engine"], "img_s": round(job, 1), "img_s_per_gpu": round(job / gpus, 1),
-                     "epoch_img_s": [round(r["train_img_s"], 1) for r in epochs],
+                     "epoch_img_s": [round(r["train_img_s"], 1) for r in epochs], **steady_rate(records),
                      "val_top1_last": epochs[-1]["val_top1"], "val_samples_last": epochs[-1].get("val_samples")}
+
+
+def steady_rate(records: list[dict]) -> dict:
+    """Images/s of the steps between each epoch's first and last (epoch 1 left out), with their median
+    step and data wait: the per-step rate without the epoch boundaries."""
+    steps = [r for r in records if r["event"] == "step"]
+    last = {}
+    for r in steps:
+        last[r["epoch"]] = max(last.get(r["epoch"], 0), r["step"])
+    inner = [r for r in steps if r["epoch"] > 1 and 1 < r["step"] < last[r["epoch"]]]
+    if not inner:
+        return {}
+    seconds = sum(r["step_s"] for r in inner)
+    return {"steady_img_s": round(sum(r["samples"] for r in inner) / seconds, 1), "steady_steps": len(inner),
+            "step_ms_median": round(1000 * statistics.median(r["step_s"] for r in inner), 2),
+            "data_wait_ms_median": round(1000 * statistics.median(r["data_wait_s"] for r in inner), 3)}
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -123,12 +151,17 @@ def main(args: argparse.Namespace) -> list[dict]:
         one = next((o for o in results if o["launcher"] == r["launcher"] and o["gpus"] == 1 and "img_s" in o), None)
         if one and "img_s" in r:
             r["scaling_efficiency"] = round(r["img_s_per_gpu"] / one["img_s_per_gpu"], 3)
+        if one and "steady_img_s" in r and "steady_img_s" in one:
+            r["steady_scaling_efficiency"] = round(r["steady_img_s"] / r["gpus"] / one["steady_img_s"], 3)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(0) if visible else None, "gpus_visible": visible,
             "data_backend": args.data_backend, "amp": args.amp, "torch": torch.__version__,
             "cpu_count": os.cpu_count(), "python": platform.python_version(), "arch": args.arch,
             "batch_size_per_gpu": args.batch_size, "epochs": args.epochs, "sample_size": args.sample_size,
-            "val_images": val_images}  # every run's val_samples_last should equal it: each sample once over all ranks
+            # every run's val_samples_last should equal val_images: each sample once over all ranks
+            "val_images": val_images, "tree": str(args.tree.resolve()),
+            "environment": {k: os.environ[k] for k in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_NVLS_ENABLE", "NCCL_ALGO",
+                                                       "NCCL_PROTO", "OMP_NUM_THREADS") if k in os.environ}}
     (args.out / "multi_gpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     plot(results, args.out / "multi_gpu.png")
     return results

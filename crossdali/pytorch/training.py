@@ -294,13 +294,18 @@ def gather_objects(runtime: Runtime, obj: Any) -> list:
 class StopRequest:
     """SIGTERM/SIGINT ask for a graceful stop: the current step finishes, a checkpoint is saved,
     the script exits. A second Ctrl-C stops at once. Every rank must stop after the same step
-    (data-parallel collectives), so ``agreed`` asks all ranks whether any of them was signalled.
+    (data-parallel collectives), so the ranks agree on whether any of them was signalled: every step
+    with ``agreed_late`` (the question asked at one step is answered at the next, so a signalled job
+    of several processes finishes the step after the signal's too) and at the epoch's end with
+    ``agreed``.
     """
 
     def __init__(self, *, announce: bool = True) -> None:
         self.signum = 0
         self._announce = announce
         self._previous: dict[int, Any] = {}
+        self._asked: Callable[[], list[float]] | None = None  # the question agreed_late asked last
+        self._late = False  # agreed_late has run in a job of several processes
 
     def install(self) -> StopRequest:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -318,14 +323,37 @@ class StopRequest:
         if not self.signum:
             self.signum = signum
             if self._announce:  # os.write: safe inside a signal handler, unlike logging
-                os.write(2, f"\n{signal.Signals(signum).name} received: finishing this step, saving a checkpoint, "
+                steps = "this step and the next (every rank stops after the same one)" if self._late else "this step"
+                os.write(2, f"\n{signal.Signals(signum).name} received: finishing {steps}, saving a checkpoint, "
                             "then stopping (Ctrl-C again stops at once, without saving)\n".encode())
 
     def agreed(self, runtime: Runtime) -> int:
-        """The signal to stop for (0: go on), the same on every rank."""
+        """The signal to stop for (0: go on), the same on every rank; waits for every rank's answer
+        (so for the GPU to finish its queued work: call it where the loop waits anyway)."""
         if not runtime.dist.is_distributed:
             return self.signum
+        earlier = self._answer()
         asked, = runtime.all_reduce_sum([1.0 if self.signum else 0.0])
+        return self._verdict(earlier + asked)
+
+    def agreed_late(self, runtime: Runtime) -> int:
+        """The same, for every step of a training loop: answers the question asked at the previous call
+        (whose sum the GPU has long finished) and asks this step's, so the host never waits for the GPU.
+        ``agreed`` at every step left the GPU idle while the host fetched and launched the next step
+        (docs/distributed.md, Several GPUs)."""
+        if not runtime.dist.is_distributed:
+            return self.signum
+        self._late = True
+        verdict = self._verdict(self._answer())
+        if not verdict:  # every rank takes the same branch: the collectives stay matched
+            self._asked = runtime.start_all_reduce_sum([1.0 if self.signum else 0.0], name="crossdali.stop")
+        return verdict
+
+    def _answer(self) -> float:
+        asked, self._asked = self._asked, None
+        return asked()[0] if asked is not None else 0.0
+
+    def _verdict(self, asked: float) -> int:
         return (self.signum or int(signal.SIGTERM)) if asked > 0 else 0
 
 
@@ -589,7 +617,7 @@ class StepTracker:
             self._flush()
             self.checkpointer.save(state)
             self._t0 = time.perf_counter()  # saving is not training time
-        self.stop_if_asked()
+        self.stop_if_asked(late=True)
         self._fetch_t0 = time.perf_counter()
 
     def _record(self, step: _Step) -> None:
@@ -620,9 +648,10 @@ class StepTracker:
         self._record(step)
         self._t0 = time.perf_counter()
 
-    def stop_if_asked(self) -> None:
-        """Save and raise ``TrainingStopped`` if any rank was signalled (call on every rank)."""
-        signum = self.stop.agreed(self.runtime)
+    def stop_if_asked(self, *, late: bool = False) -> None:
+        """Save and raise ``TrainingStopped`` if any rank was signalled (call on every rank); ``late``:
+        by the answer to the previous step's question (``StopRequest.agreed_late``)."""
+        signum = self.stop.agreed_late(self.runtime) if late else self.stop.agreed(self.runtime)
         if not signum:
             return
         self._flush()

@@ -4,8 +4,8 @@ every step is compared bit for bit), and ends with the same epoch metrics.
 
 Killed by SIGTERM (the script finishes the step, saves and exits 143), by SIGKILL after a
 ``--checkpoint-every`` checkpoint (the steps after it are redone), and under torchrun with only
-one rank signalled (both ranks must stop after the same step). CPU, DALI CPU pipeline, ResNet-18 at
-32 px on 64 train / 16 val samples of the tiny set.
+one rank signalled (both ranks must stop after the same step, the one after the signal's). CPU,
+DALI CPU pipeline, ResNet-18 at 32 px on 64 train / 16 val samples of the tiny set.
 """
 
 from __future__ import annotations
@@ -114,15 +114,16 @@ def test_sigkill_after_periodic_checkpoint_then_resume_is_bit_exact(tmp_path, in
 
 
 def test_torchrun_ranks_agree_to_stop_and_resume_bit_exact(tmp_path, indexed_data):
-    """Only rank 1 gets SIGTERM; rank 0 must stop after the same step, and the resumed ranks must
-    continue their own shards (each rank's DALI state is in the checkpoint)."""
+    """Only rank 1 gets SIGTERM, in step 6; both ranks must stop after the same step (step 7: the ranks
+    agree one step late, so the host never waits for the GPU), and the resumed ranks must continue their
+    own shards (each rank's DALI state is in the checkpoint)."""
     ref = _probe(tmp_path / "ref{rank}.jsonl", tmp_path / "ref", indexed_data, torchrun=True)
     assert ref.returncode == 0, ref.stderr[-3000:]
     out = tmp_path / "run"
     killed = _probe(tmp_path / "killed{rank}.jsonl", out, indexed_data, kill_at=6, kill_rank=1, torchrun=True)
     assert killed.returncode != 0
-    assert "stopped by SIGTERM at epoch 2, step 2" in killed.stderr, killed.stderr[-3000:]
-    assert [len(_steps(tmp_path / f"killed{r}.jsonl")) for r in range(2)] == [6, 6]  # the same step on both ranks
+    assert "stopped by SIGTERM at epoch 2, step 3" in killed.stderr, killed.stderr[-3000:]
+    assert [len(_steps(tmp_path / f"killed{r}.jsonl")) for r in range(2)] == [7, 7]  # the same step on both ranks
     resumed = _probe(tmp_path / "resumed{rank}.jsonl", out, indexed_data, "--resume", str(out / "checkpoint_last.pth"),
                      torchrun=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

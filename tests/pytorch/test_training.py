@@ -339,6 +339,43 @@ def test_reading_a_loss_on_the_gpu_does_not_wait_for_the_steps_queued_after_it(t
     assert [r["step"] for r in records] == [1, 2] and records[1]["loss"] == pytest.approx(losses[1].item())
 
 
+@pytest.mark.gpu
+def test_agreeing_to_stop_under_nccl_does_not_wait_for_the_gpu(tmp_path):
+    """The bug this fixes: under DDP the tracker asked every rank after every step whether to stop with
+    a blocking all-reduce, which waited until the GPU had run every kernel queued, so the GPU went idle
+    while the host fetched and launched the next step. Here, in a one-process NCCL group: the sum the
+    tracker now starts returns while seconds of GPU work are still queued, and gives the sum after it."""
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        gpu = Runtime(dist=DistInfo(), device=torch.device("cuda", 0), engine="ddp")
+        assert gpu.all_reduce_sum([1.0]) == [1.0]  # NCCL up
+        torch.cuda._sleep(5 * 10 ** 9)  # seconds of GPU time, queued before the question
+        result = gpu.start_all_reduce_sum([1.0, 2.5], name="test")
+        assert not torch.cuda.current_stream().query()  # returned with that work still running
+        assert result() == [1.0, 2.5]
+        assert torch.cuda.current_stream().query()  # the answer waited for the work queued before it
+    finally:
+        dist.destroy_process_group()
+
+
+def test_start_all_reduce_sum_over_gloo_and_alone(tmp_path):
+    """The CPU paths of the same call: a Gloo group (the CPU scripts under torchrun) and no group."""
+    import torch.distributed as dist
+
+    assert CPU.start_all_reduce_sum([1.0, 2.0], name="test")() == [1.0, 2.0]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        ddp = Runtime(dist=DistInfo(), device=torch.device("cpu"), engine="ddp")
+        assert ddp.start_all_reduce_sum([3.0, 4.0], name="test")() == [3.0, 4.0]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_synthetic_batches_take_the_given_sizes():
     """SSD's and the video script's synthetic loader: the real loader's batch sizes, short last one too."""
     from crossdali.common.epochs import LastBatchPolicy, batch_sizes
