@@ -110,8 +110,9 @@ class Runtime:
         return t.tolist
 
     def barrier(self) -> None:
-        if self.engine == "ddp":
-            torch.distributed.barrier()
+        if self.engine == "ddp":  # NCCL: name the rank's GPU (else torch warns that it guesses it)
+            nccl = torch.distributed.get_backend() == "nccl"
+            torch.distributed.barrier(device_ids=[self.device.index] if nccl else None)
         elif self.engine == "horovod":
             import horovod.torch as hvd
 

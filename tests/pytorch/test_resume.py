@@ -137,6 +137,31 @@ def test_torchrun_ranks_agree_to_stop_and_resume_bit_exact(tmp_path, indexed_dat
 
 
 @pytest.mark.gpu
+def test_torchrun_ranks_agree_to_stop_over_nccl_on_two_gpus(tmp_path, indexed_data):
+    """The same agreement over NCCL, one rank per GPU (DALI GPU pipelines, float16 autocast): the
+    question a step asks is queued on the GPU and answered at the next step, so both ranks stop after
+    step 7; the resumed ranks see their shards' samples in order, the losses equal to cuDNN's rounding."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs (one NCCL rank each)")
+    gpu = ("--data-backend", "dali-gpu", "--amp", "--channels-last")
+    ref = _probe(tmp_path / "ref{rank}.jsonl", tmp_path / "ref", indexed_data, *gpu, torchrun=True)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out = tmp_path / "run"
+    killed = _probe(tmp_path / "killed{rank}.jsonl", out, indexed_data, *gpu, kill_at=6, kill_rank=1, torchrun=True)
+    assert "stopped by SIGTERM at epoch 2, step 3" in killed.stderr, killed.stderr[-3000:]
+    assert [len(_steps(tmp_path / f"killed{r}.jsonl")) for r in range(2)] == [7, 7]
+    resumed = _probe(tmp_path / "resumed{rank}.jsonl", out, indexed_data, *gpu, "--resume",
+                     str(out / "checkpoint_last.pth"), torchrun=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for r in range(2):
+        steps = _steps(tmp_path / f"killed{r}.jsonl") + _steps(tmp_path / f"resumed{r}.jsonl")
+        ref_steps = _steps(tmp_path / f"ref{r}.jsonl")
+        assert [s["labels"] for s in steps] == [s["labels"] for s in ref_steps], f"rank {r}"
+        assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in ref_steps], rel=1e-2), f"rank {r}"
+
+
+@pytest.mark.gpu
 def test_sigterm_resume_on_gpu_with_amp(tmp_path, indexed_data):
     """The same on a CUDA GPU (DALI GPU pipeline, float16 autocast + GradScaler): the resumed run
     sees the same samples in the same order; the losses agree to cuDNN's run-to-run rounding."""
