@@ -339,8 +339,9 @@ class StopRequest:
     def agreed_late(self, runtime: Runtime) -> int:
         """The same, for every step of a training loop: answers the question asked at the previous call
         (whose sum the GPU has long finished) and asks this step's, so the host never waits for the GPU.
-        ``agreed`` at every step left the GPU idle while the host fetched and launched the next step
-        (docs/distributed.md, Several GPUs)."""
+        ``agreed`` at every step left the GPU idle while the host fetched and launched the next step:
+        ResNet-50 AMP under DDP on two H100s trained at 0.740-0.857 of the one-GPU per-GPU rate with it,
+        0.945-0.963 with this (docs/distributed.md, Several GPUs)."""
         if not runtime.dist.is_distributed:
             return self.signum
         self._late = True
