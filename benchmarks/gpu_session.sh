@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|multigpu2|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -21,7 +21,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|multigpu2|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -310,6 +310,12 @@ case $phase in
   tests)  # every GPU-marked test (TensorFlow's and MXNet's skip where those frameworks are absent)
     step gpu_tests 420 "$py" -m pytest tests -m gpu -rA -p no:cacheprovider -q
     step optical_flow 60 "$py" -m crossdali.video.optical_flow --sample-size gpu-tiny --output-dir "$out/flow" ;;
+  multigpu4)  # on a 4-GPU kind: the training script on 1, 2 and 4 GPUs under torchrun, 15 DALI threads per rank in
+    # every row, 8 epochs (a 4-GPU epoch of the bench set is 8 steps: see steady_img_s); topology first
+    nvidia-smi topo -m > "$out/topo.txt" 2>&1; cat "$out/topo.txt"
+    step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
+    dmon_step multi_gpu4 420 "$py" -m benchmarks.multi_gpu --gpus 1,2,4 --launchers torchrun --epochs 8 --workers 15 \
+      --timeout 130 --out "$out/multi_gpu4" ;;
   ddptests)  # on a 2-GPU kind: the PyTorch training pieces' GPU tests (the stop question queued on the GPU under NCCL)
     # and the graceful stop + resume under torchrun over NCCL, one rank per GPU
     step ddp_gpu_tests 400 "$py" -m pytest tests/pytorch/test_training.py tests/pytorch/test_resume.py -m gpu -rA \
