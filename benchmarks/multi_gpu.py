@@ -73,6 +73,9 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
         train_args = ["--data-backend", args.data_backend, "--sample-size", args.sample_size, "--arch", args.arch,
                       "-b", str(args.batch_size), "--epochs", str(args.epochs), "--channels-last",
                       "-j", str(workers), "--lr-warmup-epochs", "1", "--print-freq", "0", "--output-dir", tmp,
+                      # the same rate in every run (the script scales --lr to the global batch): 0.4 on 4 GPUs
+                      # diverged within the bench set's 8-step warm-up epoch, and the script stops on a NaN loss
+                      "--lr", f"{0.1 / gpus:g}",
                       *(["--amp"] if args.amp else [])]
         tree = args.tree.resolve()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
