@@ -3,6 +3,7 @@ under torchrun (DDP) and, where Horovod is installed, horovodrun.
 
     python -m benchmarks.multi_gpu --out results/multi_gpu            # every visible GPU count in --gpus
     python -m benchmarks.multi_gpu --out DIR --gpus 1,2 --launchers torchrun,horovodrun
+    python -m benchmarks.multi_gpu --out /tmp/smoke --smoke          # CPU check of the script (CI runs it)
 
 Each run is the real training script (``crossdali.pytorch.train_classification``) with DALI on every
 GPU (``--data-backend dali-gpu``, hardware JPEG decoder), ResNet-50, AMP, channels-last, batch 256
@@ -51,7 +52,15 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--no-amp", dest="amp", action="store_false", help="float32 instead of AMP")
     parser.add_argument("--tree", type=Path, default=ROOT,
                         help="checkout whose training script runs (default: this one; another for A/B runs)")
+    parser.add_argument("--crop-size", type=int, default=None, help="the script's --crop-size (default: its own, 224)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CPU check of this script: DALI CPU, SqueezeNet 1.1 at 64 px on the tiny set, 1 and 2 processes "
+                             "under torchrun (Gloo), 2 epochs")
     return parser
+
+
+SMOKE = dict(data_backend="dali-cpu", amp=False, arch="squeezenet1_1", sample_size="tiny", batch_size=16, epochs=2,
+             gpus="1,2", launchers="torchrun", crop_size=64, workers=1, timeout=300)
 
 
 def _command(launcher: str, gpus: int, train_args: list[str]) -> list[str]:
@@ -75,7 +84,7 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
                       "-j", str(workers), "--lr-warmup-epochs", "1", "--print-freq", "0", "--output-dir", tmp,
                       # the same rate in every run (the script scales --lr to the global batch): 0.4 on 4 GPUs
                       # diverged within the bench set's 8-step warm-up epoch, and the script stops on a NaN loss
-                      "--lr", f"{0.1 / gpus:g}",
+                      "--lr", f"{0.1 / gpus:g}", *(["--crop-size", str(args.crop_size)] if args.crop_size else []),
                       *(["--amp"] if args.amp else [])]
         tree = args.tree.resolve()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
@@ -134,6 +143,9 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main(args: argparse.Namespace) -> list[dict]:
     import torch
+
+    if args.smoke:
+        args = argparse.Namespace(**{**vars(args), **SMOKE})
 
     from crossdali.common.sample_data import ensure_classification
     from crossdali.common.sources import resolve_source

@@ -174,3 +174,20 @@ def test_check_speed_smoke_times_both_passes_beside_the_loader(tmp_path, data_ro
                                           "loader epoch incl. build"}
     assert all(v > 0 for v in report["files_per_s"].values()) and report["files"] > 0
     assert report["full_pass_vs_loader"] > 0 and (tmp_path / "check_speed.png").stat().st_size > 5_000
+
+
+def test_multi_gpu_benchmark_smoke(tmp_path, data_root):
+    """benchmarks/multi_gpu.py on the CPU: the real training script under torchrun in 1 and 2 processes
+    (Gloo), each run's rate, its inner-step rate from the script's step records, its log, and every val
+    sample seen once over the ranks."""
+    report = _run("benchmarks.multi_gpu", tmp_path, data_root)
+    one, two = report["results"]
+    assert (one["gpus"], one["engine"], two["gpus"], two["engine"]) == (1, "none", 2, "ddp")
+    for r in (one, two):
+        assert "failed" not in r, r.get("failed")
+        assert r["img_s"] > 0 and r["steady_img_s"] > 0 and r["step_ms_median"] > 0
+        assert r["val_samples_last"] == report["meta"]["val_images"]  # each val sample once over all ranks
+        assert (tmp_path / "logs" / f"torchrun_{r['gpus']}gpu.log").read_text().strip()
+    assert one["steady_steps"] > two["steady_steps"] > 0  # half the steps per rank on 2 processes
+    assert two["scaling_efficiency"] > 0 and two["steady_scaling_efficiency"] > 0
+    assert (tmp_path / "multi_gpu.png").stat().st_size > 0
