@@ -73,7 +73,7 @@ def training_session(*, engine: str, debug: bool = False) -> Iterator[tuple[Runt
     configure_logging(is_main=runtime.dist.is_main, debug=debug)
     if runtime.device.type == "cuda":
         log.info("%s=%s (CUDA hardware queues: DALI's streams beside the model's)", CUDA_QUEUES_VARIABLE, queues)
-    stop = StopRequest(announce=runtime.dist.is_main).install()
+    stop = StopRequest(announce=runtime.dist.is_main, several_ranks=runtime.dist.is_distributed).install()
     try:
         yield runtime, stop
     finally:
@@ -300,12 +300,12 @@ class StopRequest:
     ``agreed``.
     """
 
-    def __init__(self, *, announce: bool = True) -> None:
+    def __init__(self, *, announce: bool = True, several_ranks: bool = False) -> None:
         self.signum = 0
         self._announce = announce
         self._previous: dict[int, Any] = {}
         self._asked: Callable[[], list[float]] | None = None  # the question agreed_late asked last
-        self._late = False  # agreed_late has run in a job of several processes
+        self._late = several_ranks  # the announcement: the ranks agree a step late
 
     def install(self) -> StopRequest:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -344,7 +344,6 @@ class StopRequest:
         0.945-0.963 with this (docs/distributed.md, Several GPUs)."""
         if not runtime.dist.is_distributed:
             return self.signum
-        self._late = True
         verdict = self._verdict(self._answer())
         if not verdict:  # every rank takes the same branch: the collectives stay matched
             self._asked = runtime.start_all_reduce_sum([1.0 if self.signum else 0.0], name="crossdali.stop")

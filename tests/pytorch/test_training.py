@@ -363,6 +363,23 @@ def test_agreeing_to_stop_under_nccl_does_not_wait_for_the_gpu(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("several_ranks, says", [
+    (False, "SIGTERM received: finishing this step, saving a checkpoint"),
+    (True, "SIGTERM received: finishing this step and the next (every rank stops after the same one), saving"),
+])
+def test_the_stop_announcement_says_which_step_the_job_stops_after(capfd, several_ranks, says):
+    """A job of several processes agrees to stop one step late, and says so when signalled."""
+    import signal
+
+    stop = StopRequest(several_ranks=several_ranks).install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        stop.uninstall()
+    assert stop.signum == signal.SIGTERM
+    assert says in capfd.readouterr().err
+
+
 def test_start_all_reduce_sum_over_gloo_and_alone(tmp_path):
     """The CPU paths of the same call: a Gloo group (the CPU scripts under torchrun) and no group."""
     import torch.distributed as dist
