@@ -146,6 +146,9 @@ def main(args: argparse.Namespace) -> list[dict]:
 
     if args.smoke:
         args = argparse.Namespace(**{**vars(args), **SMOKE})
+    if not (args.tree / "crossdali" / "pytorch" / "train_classification.py").is_file():
+        raise usage_error(f"--tree {args.tree}: no crossdali/pytorch/train_classification.py there; pass a checkout "
+                          "of this repository (e.g. git worktree add DIR COMMIT)")
 
     from crossdali.common.sample_data import ensure_classification
     from crossdali.common.sources import resolve_source

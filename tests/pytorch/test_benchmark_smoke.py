@@ -191,3 +191,12 @@ def test_multi_gpu_benchmark_smoke(tmp_path, data_root):
     assert one["steady_steps"] > two["steady_steps"] > 0  # half the steps per rank on 2 processes
     assert two["scaling_efficiency"] > 0 and two["steady_scaling_efficiency"] > 0
     assert (tmp_path / "multi_gpu.png").stat().st_size > 0
+
+
+def test_multi_gpu_benchmark_names_a_tree_that_is_not_a_checkout(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.multi_gpu", "--tree", str(tmp_path), "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"--tree {tmp_path}: no crossdali/pytorch/train_classification.py there; pass a checkout of this repository "
+        "(e.g. git worktree add DIR COMMIT)"]
