@@ -92,8 +92,6 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
         proc = subprocess.run(_command(launcher, gpus, train_args), capture_output=True, text=True,
                               timeout=args.timeout, env=env, cwd=tree)
         record["wall_s"] = round(time.perf_counter() - start, 1)
-        if tree != ROOT:
-            record["tree"] = str(tree)
         logs = args.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         (logs / f"{launcher}_{gpus}gpu.log").write_text(proc.stdout + proc.stderr)

@@ -305,7 +305,7 @@ class StopRequest:
         self._announce = announce
         self._previous: dict[int, Any] = {}
         self._asked: Callable[[], list[float]] | None = None  # the question agreed_late asked last
-        self._late = several_ranks  # the announcement: the ranks agree a step late
+        self._several_ranks = several_ranks  # for the announcement: such ranks agree a step late
 
     def install(self) -> StopRequest:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -323,7 +323,7 @@ class StopRequest:
         if not self.signum:
             self.signum = signum
             if self._announce:  # os.write: safe inside a signal handler, unlike logging
-                steps = "this step and the next (every rank stops after the same one)" if self._late else "this step"
+                steps = "this step and the next (every rank stops after the same one)" if self._several_ranks else "this step"
                 os.write(2, f"\n{signal.Signals(signum).name} received: finishing {steps}, saving a checkpoint, "
                             "then stopping (Ctrl-C again stops at once, without saving)\n".encode())
 
