@@ -39,6 +39,10 @@ class DALIIteratorLoader:
     ``last_batch_policy`` and ``auto_reset=True``), ``_outputs(raw)`` (the dict of named outputs
     of one ``next()``), ``_flat(array)`` and, for several pipelines, ``_concat(arrays)``.
 
+    ``unfold`` > 1: each DALI sample holds that many samples (video's ``clips_per_read``), so every output
+    arrives as ``(n, unfold, ...)`` and is handed out as ``(n * unfold, ...)`` (a reshape, no copy);
+    ``batch_size`` and ``num_samples`` count the unfolded samples, ``plan`` counts DALI's.
+
     ``reader_kind`` names which DALI reader operator ``reader_name`` is where a loader may use one of
     several (video: ``"legacy"`` or ``"experimental"``, ``crossdali.common.video.clip_reader``); it is
     saved with the checkpoints, since one operator's checkpoint cannot restore the other.
@@ -46,9 +50,10 @@ class DALIIteratorLoader:
 
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
                  names: tuple[str, ...], reader_name: str, explain: Callable[[Exception], Exception],
-                 flatten: tuple[str, ...] = ("labels",), reader_kind: str | None = None) -> None:
+                 flatten: tuple[str, ...] = ("labels",), reader_kind: str | None = None, unfold: int = 1) -> None:
         self.plan, self.source, self.policy = plan, plan.source, plan.policy
-        self.batch_size, self.num_classes = options.batch_size, plan.num_classes
+        self.unfold = unfold
+        self.batch_size, self.num_classes = options.batch_size * unfold, plan.num_classes
         self.names, self.flatten, self.epoch = names, flatten, 0
         self.reader_name, self.reader_kind = reader_name, reader_kind
         self._options, self._build, self._explain = options, build, explain
@@ -97,7 +102,7 @@ class DALIIteratorLoader:
     @property
     def num_samples(self) -> int:
         """Samples per epoch over all shards (clips for video)."""
-        return self.plan.num_samples
+        return self.plan.num_samples * self.unfold
 
     def __len__(self) -> int:
         return self.plan.batches_per_epoch
@@ -129,6 +134,8 @@ class DALIIteratorLoader:
             if batch[self.names[0]].shape[0] == 0:
                 continue  # a shard shorter than the longest one ends with an empty batch
             self._batches += 1
+            if self.unfold > 1:
+                batch = {n: x.reshape((-1, *x.shape[2:])) for n, x in batch.items()}
             yield tuple(self._flat(batch[n]) if n in self.flatten else batch[n] for n in self.names)
         self.epoch += 1
         self._batches = 0
@@ -140,6 +147,8 @@ class DALIIteratorLoader:
             state["dali"] = saved[0] if len(saved) == 1 else saved
             if self.reader_kind is not None:
                 state["dali_reader"] = self.reader_kind
+            if self.unfold > 1:
+                state["unfold"] = self.unfold
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -168,6 +177,11 @@ class DALIIteratorLoader:
                         saved_kind, self.reader_kind, self.epoch)
             self._batches = 0
             return
+        saved_unfold = int(state.get("unfold", 1))
+        if saved_unfold != self.unfold:  # DALI's checkpoint counts reads of that many clips
+            raise UsageError(f"this loader state was saved reading {saved_unfold} clip(s) at a time, but the loader "
+                             f"reads {self.unfold}: build it with clips_per_read={saved_unfold} "
+                             f"(--clips-per-read {saved_unfold}) to resume")
         saved = state["dali"] if isinstance(state["dali"], list) else [state["dali"]]
         if len(saved) != len(self._iters):
             raise UsageError(f"this loader state holds the checkpoints of {len(saved)} DALI pipeline(s) per shard, "

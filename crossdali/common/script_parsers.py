@@ -185,7 +185,14 @@ def video_classification(add_help: bool = True) -> argparse.ArgumentParser:
                        help="DALI pipelines per process, each decoding its own part of the shard (batch-size / "
                             "pipelines clips each per step; the batch size must divide by it). Default: on "
                             "dali-gpu the largest divisor of the batch size up to 7 (several keep the GPU's video "
-                            "decoders busy, one leaves them mostly idle), else 1")
+                            "decoders busy, one leaves them mostly idle; with --clips-per-read, of the reads per "
+                            "step up to 14), else 1")
+    clips.add_argument("--clips-per-read", type=positive_int, default=1,
+                       help="train: decode this many consecutive clips as one read, so each file's frames are decoded "
+                            "once, not once per clip from the key frame before it; they share their crop and flip and "
+                            "arrive in one batch. Pays where key frames are further apart than a clip: set "
+                            "clips-per-read x clip-len x frame-stride to the files' key-frame interval. The batch size "
+                            "must divide by it; a file's last clips that do not fill a read are left out (logged)")
     add_model_args(parser, arch="small3d", arches=LazyChoices(_attribute("crossdali.video.models", "ARCHS"),
                                                               "crossdali.video.models.ARCHS"),
                    arch_help="video model")

@@ -40,6 +40,23 @@ slice, every clip once per epoch, one DALI checkpoint per pipeline). Its default
 (``default_video_pipelines``) is the largest divisor of the batch size up to 7, the H100's NVDEC
 count: 7 kept the engines 86 % busy (1,759 frames/s above), 4 gave 1,082 and 1 gave 306.
 
+Several clips per read (``clips_per_read``, train): the reader cuts ``clips_per_read`` consecutive
+clips as one sequence and ``_split_read`` hands them out as separate clips (the loader unfolds the
+batch), so a file's frames are decoded once for all of them instead of once per shuffled clip from
+the key frame before it. The clips of a read share their crop window and flip (DALI 2.4's crop,
+resize and mirror take no per-frame arguments) and arrive in one batch; reads are shuffled. Measured
+on the H100 (``bash benchmarks/gpu_session.sh videoread`` and ``videoread2``, 2026-11-27,
+``results/video/reads_*_2026-11-27.json``), 1080p H.264, 16-frame clips shuffled, the PyTorch loader:
+on files with a key frame every 48 frames, one clip at a time 1,748-1,755 frames/s (NVDEC 85 % busy),
+3 clips per read (48 frames: every read starts on a key frame) 4,131-4,304 with 7 pipelines and
+**4,598-4,601 with 14** (NVDEC 93-99 %), beside NVIDIA's PyNvVideoCodec 2.2.4 decoding whole files
+in order with 14 threads, 4,443-4,459, in the same runs; on x264-default files (one key frame per
+144-frame file) 746 one clip at a time, 4,500-4,526 with 9 clips per read (whole files). Hence the
+14-pipeline default for reads (``GPU_READ_PIPELINES``); one clip at a time keeps 7 (14 not measured).
+On a small set the shape of a step matters: 14 files (42 reads) with 4 reads per pipeline and step,
+whose last step per pipeline is half padding, gave 2,971-3,047 frames/s, and 28 files (whole steps)
+4,158, so the padding reads are decoded too (inferred from these rows, not traced).
+
 optical flow pipeline: ``fn.optical_flow`` (the GPU's optical-flow engine, Turing or newer) on
 consecutive frames from the same reader. It has no CPU backend; on a machine without such a GPU
 ``require_optical_flow_hardware`` raises an error that says what is needed.
@@ -56,6 +73,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crossdali.common.options import PipelineOptions
+from crossdali.common.script import UsageError
 from crossdali.common.sources import DataError, DataSource, read_file_list
 
 __all__ = [
@@ -79,6 +97,7 @@ __all__ = [
     "explain_video_failure",
     "flow_to_frame_pixels",
     "probe_video",
+    "read_batch_size",
     "require_optical_flow_hardware",
     "resolve_video_source",
     "video_problems",
@@ -98,6 +117,8 @@ GPU_CODECS = CPU_CODECS | {"h264", "hevc", "av1", "mpeg4"}
 LEGACY_READER_CODECS = frozenset({"h264", "hevc"})
 #: Most DALI pipelines per process the loaders start on the GPU by default (the H100's 7 NVDEC engines).
 GPU_VIDEO_PIPELINES = 7
+#: The same for reads of several clips (``clips_per_read`` > 1): 14 fed the 7 engines 93-99 % busy (see the module doc).
+GPU_READ_PIPELINES = 14
 #: NVDEC's smallest frame per codec where it is larger than the sample clips (measured on the H100,
 #: DALI 2.4: a 64x64 VP9 clip fails with "Video is too small ... supported:128x128"; 64x64 H.264 decodes).
 GPU_MIN_SIDE = {"vp9": 128}
@@ -132,6 +153,7 @@ class ClipTransform:
     std: tuple[float, float, float] = KINETICS_STD
     output_layout: str = "CFHW"
     dtype: str = "float32"
+    clips_per_read: int = 1
 
     def __post_init__(self) -> None:
         for name in ("sequence_length", "stride", "crop_size"):
@@ -149,6 +171,12 @@ class ClipTransform:
         lo, hi = self.random_area
         if not 0 < lo <= hi <= 1:
             raise ValueError(f"random_area must satisfy 0 < min <= max <= 1, got {self.random_area}")
+        if self.clips_per_read < 1:
+            raise ValueError(f"clips_per_read must be positive, got {self.clips_per_read}")
+        if self.clips_per_read > 1 and self.clip_step != self.sequence_length * self.stride:
+            raise ValueError(f"clips_per_read={self.clips_per_read} reads consecutive clips that touch, so step must be "
+                             f"sequence_length * stride ({self.sequence_length * self.stride}, the default), "
+                             f"got {self.step}")
 
     @property
     def span(self) -> int:
@@ -174,6 +202,16 @@ class ClipTransform:
         return self.step if self.step is not None else self.sequence_length * self.stride
 
     @property
+    def read(self) -> ClipTransform:
+        """What the DALI reader cuts: ``clips_per_read`` consecutive clips as one sequence of
+        ``clips_per_read * sequence_length`` frames, a new one every ``clips_per_read`` clip steps
+        (the clip itself when ``clips_per_read`` is 1)."""
+        k = self.clips_per_read
+        if k == 1:
+            return self
+        return replace(self, sequence_length=k * self.sequence_length, step=k * self.clip_step, clips_per_read=1)
+
+    @property
     def val_resize_size(self) -> int:
         return self.resize_size if self.resize_size is not None else round(self.crop_size * 128 / 112)
 
@@ -187,12 +225,33 @@ def clip_reader(device: str, codecs, *, shuffle: bool = True) -> str:
     return "legacy" if legacy else "experimental"
 
 
-def default_video_pipelines(device: str, batch_size: int) -> int:
+def default_video_pipelines(device: str, batch_size: int, *, clips_per_read: int = 1) -> int:
     """``pipelines=None`` of the video loaders: 1 on the CPU (more only split the same threads); on
-    the GPU the largest divisor of ``batch_size`` up to ``GPU_VIDEO_PIPELINES`` (see the module doc)."""
+    the GPU the largest divisor of DALI's batch (``batch_size / clips_per_read`` reads) up to
+    ``GPU_VIDEO_PIPELINES``, or ``GPU_READ_PIPELINES`` for reads of several clips (see the module doc)."""
     if device != "gpu":
         return 1
-    return max(k for k in range(1, min(GPU_VIDEO_PIPELINES, max(1, batch_size)) + 1) if batch_size % k == 0)
+    reads = batch_size // clips_per_read
+    cap = GPU_READ_PIPELINES if clips_per_read > 1 else GPU_VIDEO_PIPELINES
+    return max(k for k in range(1, min(cap, max(1, reads)) + 1) if reads % k == 0)
+
+
+def read_batch_size(batch_size: int, clips_per_read: int, *, train: bool, pipelines: int | None = None) -> int:
+    """DALI's batch for ``batch_size`` clips read ``clips_per_read`` at a time; a UsageError for values that
+    do not fit (not a multiple, or val)."""
+    if clips_per_read < 1:
+        raise UsageError(f"clips_per_read (--clips-per-read) must be positive, got {clips_per_read}")
+    if clips_per_read > 1 and not train:
+        raise UsageError(f"clips_per_read={clips_per_read} is for training (clips shuffled); val reads clips in file "
+                         "order, where the reader decodes on from one clip to the next anyway: leave it at 1 there")
+    if batch_size % clips_per_read:
+        raise UsageError(f"batch size {batch_size} is not a multiple of clips_per_read (--clips-per-read) "
+                         f"{clips_per_read}: a batch holds whole reads of {clips_per_read} clips")
+    reads = batch_size // clips_per_read
+    if clips_per_read > 1 and pipelines is not None and pipelines >= 1 and reads % pipelines:
+        raise UsageError(f"batch size {batch_size} is {reads} reads of clips_per_read={clips_per_read} clips, which "
+                         f"pipelines={pipelines} (--pipelines) cannot share: make the reads a multiple of the pipelines")
+    return reads
 
 
 @dataclass(frozen=True)
@@ -324,16 +383,19 @@ def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | No
                 return "video-vfr", (f"{problem}, in H.264 (for training add --key-every with the clip step, the clip "
                                      "length x stride, so that NVDEC starts every shuffled clip at a key frame): "
                                      + reencode_hint(info.path, fps=info.fps, h264=True))
-            step = transform.step or transform.sequence_length * transform.stride
             return "video-vfr", (f"{problem}, in H.264 with a key frame at every clip start (NVDEC reads shuffled "
                                  "clips fastest from those): "
-                                 + reencode_hint(info.path, fps=info.fps, key_every=step))
+                                 + reencode_hint(info.path, fps=info.fps, key_every=transform.read.clip_step))
         return "video-vfr", f"{problem}: " + reencode_hint(info.path, fps=info.fps)
     # the experimental reader's rule, the stricter one: every file accepted gives both readers a clip
     if transform is not None and info.num_frames < transform.frames_needed:
         return "video-short", (f"{info.path} has {info.num_frames} frames but a clip needs {transform.frames_needed} "
                                f"(sequence_length={transform.sequence_length} x stride={transform.stride}); it "
                                "would yield no clip. Lower --clip-len/--frame-stride or remove the file.")
+    if transform is not None and info.num_frames < transform.read.frames_needed:
+        return "video-short", (f"{info.path} has {info.num_frames} frames but a read of clips_per_read="
+                               f"{transform.clips_per_read} clips needs {transform.read.frames_needed}; it would yield "
+                               "no clip. Lower --clips-per-read or remove the file.")
     return None
 
 
@@ -377,9 +439,12 @@ def check_videos(files: Sequence[str], *, device: str, transform: ClipTransform 
 
 
 def clips_per_epoch(infos: Sequence[VideoInfo], transform: ClipTransform, *, reader: str = "experimental") -> int:
-    """Clips ``reader`` cuts from these files: starts 0, step, 2*step, ... while ``frames_needed`` remain."""
-    need = transform.frames_needed_by(reader)
-    return sum((i.num_frames - need) // transform.clip_step + 1 for i in infos if i.num_frames >= need)
+    """Clips ``reader`` cuts from these files: starts 0, step, 2*step, ... while ``frames_needed`` remain
+    (with ``clips_per_read`` > 1: reads of that many clips, each cut by the same rule, times the clips in a read)."""
+    read = transform.read
+    need = read.frames_needed_by(reader)
+    reads = sum((i.num_frames - need) // read.clip_step + 1 for i in infos if i.num_frames >= need)
+    return reads * transform.clips_per_read
 
 
 def _first_codec(path: str) -> str | None:
@@ -406,7 +471,15 @@ def count_clips(source: DataSource, *, device: str, transform: ClipTransform, sh
         return source.num_samples, clip_reader(device, [codec] if codec else [], shuffle=shuffle)
     infos = check_videos(source.files, device=device, transform=transform)
     reader = clip_reader(device, (i.codec for i in infos), shuffle=shuffle)
-    return clips_per_epoch(infos, transform, reader=reader), reader
+    clips = clips_per_epoch(infos, transform, reader=reader)
+    if transform.clips_per_read > 1:
+        single = clips_per_epoch(infos, replace(transform, clips_per_read=1), reader=reader)
+        if single > clips:  # not silent: the files' last clips that do not fill a read are not read
+            log.warning("%s: clips_per_read=%d gives %d clips an epoch where reading one clip at a time gives %d: the "
+                        "last %d clips of some files do not fill a read and are not read (files of a multiple of %d "
+                        "frames lose none)", source.root, transform.clips_per_read, clips, single, single - clips,
+                        transform.read.clip_step)
+    return clips, reader
 
 
 class ClipCounter:
@@ -418,9 +491,10 @@ class ClipCounter:
         self.reader: str | None = None  # set by the call (prepare_split counts before pipelines are built)
 
     def __call__(self, source: DataSource) -> int:
+        """DALI samples per epoch: clips, or reads of ``clips_per_read`` clips."""
         clips, self.reader = count_clips(source, device=self.device, transform=self.transform,
                                          shuffle=self.shuffle, validate=self.validate)
-        return clips
+        return clips // self.transform.clips_per_read if self.validate else clips
 
 
 def resolve_video_source(data: str | Path, split: str, *, exclude=None) -> DataSource:
@@ -529,11 +603,16 @@ def create_clip_pipeline(
     elif validate:
         check_videos(source.files, device=opts.device, transform=t)
     dtype = types.FLOAT16 if t.dtype == "float16" else types.FLOAT
+    k = t.clips_per_read
+    if k > 1 and not train:
+        raise ValueError(f"clips_per_read={k} is for training (clips shuffled); val reads clips in file order, where "
+                         "the reader decodes on from one clip to the next anyway: leave it at 1 there")
 
     @pipeline_def(**opts.pipeline_kwargs())
     def clip_pipeline():
-        out = _video_reader(source.files, source.labels, sequence_length=t.sequence_length, stride=t.stride,
-                            step=t.clip_step, shuffle=train, opts=opts, frame_num=with_frame_num, reader=reader)
+        read = t.read
+        out = _video_reader(source.files, source.labels, sequence_length=read.sequence_length, stride=t.stride,
+                            step=read.clip_step, shuffle=train, opts=opts, frame_num=with_frame_num, reader=reader)
         clips, labels = out[0], out[1]
         if train:
             clips = fn.random_resized_crop(clips, size=(t.crop_size, t.crop_size),
@@ -549,13 +628,29 @@ def create_clip_pipeline(
                                          crop=(t.crop_size, t.crop_size), mean=list(t.mean), std=list(t.std),
                                          mirror=mirror)
         labels = fn.cast(labels, dtype=types.INT64)
+        if k > 1:  # a read of k clips -> (k, clip...): the loader unfolds (N, k, ...) batches into (N * k, ...)
+            clips = _split_read(clips, t)
+            labels = fn.cat(*[labels] * k)
         outputs = [clips, labels.gpu() if opts.device == "gpu" and labels.device == "cpu" else labels]
         if with_frame_num:
             frame_num = out[2]
+            if k > 1:
+                frame_num = fn.cat(*[frame_num + i * t.clip_step for i in range(k)])
             outputs.append(frame_num.gpu() if opts.device == "gpu" and frame_num.device == "cpu" else frame_num)
         return tuple(outputs)
 
     return clip_pipeline()
+
+
+def _split_read(clips, t: ClipTransform):
+    """One read's ``clips_per_read * sequence_length`` frames as ``clips_per_read`` clips in ``t``'s layout:
+    ``(k, F, H, W, C)`` from FHWC (a reshape), ``(k, C, F, H, W)`` from CFHW (a reshape and a transpose)."""
+    from nvidia.dali import fn  # defer
+
+    k, f, c = t.clips_per_read, t.sequence_length, t.crop_size
+    if t.output_layout == "FHWC":
+        return fn.reshape(clips, shape=[k, f, c, c, 3], layout="NFHWC")
+    return fn.transpose(fn.reshape(clips, shape=[3, k, f, c, c], layout="CNFHW"), perm=[1, 0, 2, 3, 4])
 
 
 def _compute_capability(device_id: int) -> tuple[int, int] | None:

@@ -21,6 +21,7 @@ from crossdali.common.video import (
     create_clip_pipeline,
     default_video_pipelines,
     explain_video_failure,
+    read_batch_size,
     resolve_video_source,
 )
 from crossdali.jax.loaders import DALILoader, _no_native, require_gpu
@@ -53,6 +54,7 @@ def create_video_loader(
     validate: bool = True,
     checkpointing: bool = True,
     pipelines: int | None = None,
+    clips_per_read: int = 1,
 ) -> DALILoader:
     """An iterable of ``(clips, labels)`` for the train or val split of ``data``.
 
@@ -67,17 +69,20 @@ def create_video_loader(
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
     transform = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
-                              hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype)
+                              hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype,
+                              clips_per_read=clips_per_read)
     device = "gpu" if backend == "dali-gpu" else "cpu"
+    # DALI's batch: reads of clips_per_read clips
+    reads = read_batch_size(batch_size, clips_per_read, train=train, pipelines=pipelines)
     if pipelines is None:
-        pipelines = default_video_pipelines(device, batch_size)
+        pipelines = default_video_pipelines(device, batch_size, clips_per_read=clips_per_read)
 
     # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
     count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate)
 
     require_gpu(backend, "use dali-cpu (VP8/VP9 input only)")
     plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
-                         resolve=resolve_video_source, batch_size=batch_size, dist=dist, last_batch=last_batch,
+                         resolve=resolve_video_source, batch_size=reads, dist=dist, last_batch=last_batch,
                          count=count, what="video", pipelines=pipelines)
     source = plan.source
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)
@@ -87,5 +92,5 @@ def create_video_loader(
                                                         with_frame_num=with_frame_num, validate=False,
                                                         reader=count.reader),
                       names=names, reader_name=VIDEO_READER_NAME, flatten=("labels", "frame_num"),
-                      reader_kind=count.reader,
+                      reader_kind=count.reader, unfold=clips_per_read,
                       explain=lambda e: explain_video_failure(source, e, device=device))

@@ -100,7 +100,8 @@ def load_data(args, runtime: Runtime, backend: str):
               "stride": args.frame_stride, "step": args.clip_step, "crop_size": args.crop_size,
               "workers": args.workers, "seed": args.seed, "dist": runtime.dist, "device_id": runtime.dist.local_rank,
               "pipelines": args.pipelines}
-    train_loader = create_video_loader(train_src, train=True, hflip=args.hflip, checkpointing=True, **common)
+    train_loader = create_video_loader(train_src, train=True, hflip=args.hflip, checkpointing=True,
+                                       clips_per_read=args.clips_per_read, **common)
     val_loader = create_video_loader(val_src, train=False, **common)
     return train_loader, val_loader, num_classes, names
 
@@ -122,7 +123,8 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     r = start_run(args, runtime, model, train_loader, task="video", metric="val_top1", ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=None, warmup_start_factor=0.04,
                   start={"clip_len": args.clip_len, "frame_stride": args.frame_stride,
-                         "pipelines": getattr(train_loader, "pipelines", 1)})
+                         "pipelines": getattr(train_loader, "pipelines", 1),
+                         "clips_per_read": getattr(train_loader, "unfold", 1)})
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes)
         log.info("test: val loss %.4f top1 %.2f over %d clips", stats["val_loss"], stats["val_top1"],

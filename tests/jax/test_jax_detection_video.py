@@ -96,3 +96,25 @@ def test_video_pipelines_merge_into_one_batch_with_every_clip_once(tiny_video):
     assert len(batches) == len(loader) and batches[0][0] == (6, 4, 32, 32, 3)
     assert Counter(lbl for _, labels in batches for lbl in labels) == Counter(expected)
     assert len(loader.state_dict()["dali"]) == 2
+
+
+def test_reads_of_several_clips_unfold_into_clips(tiny_video):
+    """``clips_per_read=2`` through the JAX iterator: batches of clips (not reads), a label and a first
+    frame per clip, the two clips of a read consecutive in their file, and every clip of the epoch once."""
+    from crossdali.common.sources import DataSource
+    from crossdali.common.video import resolve_video_source
+
+    val = resolve_video_source(tiny_video, "val")
+    src = DataSource(format="filelist", root=val.root, files=val.files, labels=tuple(range(len(val.files))),
+                     num_samples=len(val.files))
+    loader = create_video_loader(src, train=True, batch_size=4, sequence_length=4, stride=2, crop_size=32, workers=2,
+                                 with_frame_num=True, clips_per_read=2, last_batch="partial")
+    assert loader.batch_size == 4
+    seen = []
+    for clips, labels, frames in loader:
+        assert isinstance(clips, jax.Array) and clips.shape[1:] == (4, 32, 32, 3) and clips.shape[0] % 2 == 0
+        pairs = np.asarray(frames).reshape(-1, 2)
+        assert (pairs[:, 1] - pairs[:, 0] == 8).all() and (np.asarray(labels).reshape(-1, 2)[:, 0] ==
+                                                           np.asarray(labels).reshape(-1, 2)[:, 1]).all()
+        seen += list(zip(np.asarray(labels).tolist(), np.asarray(frames).tolist(), strict=True))
+    assert len(seen) == len(set(seen)) == loader.num_samples > 0

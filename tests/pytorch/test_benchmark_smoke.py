@@ -115,9 +115,11 @@ def test_video_benchmark_smoke(tmp_path, data_root):
     assert {"dali-cpu", "cpu"} <= kinds, kinds
     assert all("error" not in r and r["fps"] > 0 for r in report["results"]), report["results"]
     assert report["target_met"] is None  # the smoke run decodes no 1080p, so it claims nothing
-    loader = {(r["pipelines"], r["shuffled"]): r for r in report["results"] if r["name"].startswith("crossdali loader")}
-    # train (shuffled) with 1 and 2 pipelines, val (in order) with 1; whole clips
-    assert sorted(loader) == [(1, False), (1, True), (2, True)] and all(r["frames"] % 16 == 0 for r in loader.values())
+    loader = {(r["pipelines"], r["shuffled"], r["clips_per_read"]): r
+              for r in report["results"] if r["name"].startswith("crossdali loader")}
+    # train (shuffled) with 1 and 2 pipelines and with 2 clips per read, val (in order) with 1; whole clips
+    assert sorted(loader) == [(1, False, 1), (1, True, 1), (1, True, 2), (2, True, 1)]
+    assert all(r["frames"] % 16 == 0 for r in loader.values())
     shuffled = [r for r in report["results"] if r["name"].endswith("shuffled clips")]
     assert len(shuffled) == 1 and shuffled[0]["shuffled"] and shuffled[0]["fps"] > 0
     dali = [r for r in report["results"] if r["kind"] == "dali-cpu"]

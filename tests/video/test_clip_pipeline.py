@@ -144,3 +144,6 @@ def test_default_pipelines_keep_the_gpu_decoders_busy():
 
     assert [default_video_pipelines("gpu", b) for b in (1, 5, 8, 16, 28, 56, 64, 12)] == [1, 5, 4, 4, 7, 7, 4, 6]
     assert default_video_pipelines("cpu", 28) == 1
+    # reads of several clips: DALI's batch is batch_size / clips_per_read reads, up to 14 pipelines
+    assert [default_video_pipelines("gpu", b, clips_per_read=3) for b in (42, 84, 21, 48)] == [14, 14, 7, 8]
+    assert default_video_pipelines("cpu", 42, clips_per_read=3) == 1

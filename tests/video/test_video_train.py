@@ -55,3 +55,25 @@ def test_video_training_with_float16_on_cuda(gpu_video, tmp_path):
     assert stats["val_samples"] > 0 and epochs[-1]["train_loss"] < epochs[0]["train_loss"], epochs
     ckpt = torch.load(tmp_path / "checkpoint_last.pth", weights_only=True)
     assert ckpt["scaler"]["scale"] > 1  # the GradScaler was on
+
+
+def test_video_training_reads_several_clips_at_a_time(tiny_video, tmp_path):
+    """--clips-per-read 3: the script trains on clips cut from 3-clip reads (every clip of the 3-clip grid
+    once in the epoch: 3 of each 32-frame file's 4), validates on every val clip once, and records the setting."""
+    pytest.importorskip("torch")
+    from crossdali.common.video import ClipTransform, check_videos, clips_per_epoch, resolve_video_source
+    from crossdali.video.train import get_args_parser, main
+
+    stats = main(get_args_parser().parse_args([
+        "--data", str(tiny_video), "--data-backend", "dali-cpu", "--epochs", "1", "-b", "6", "--clips-per-read", "3",
+        "--clip-len", "4", "--frame-stride", "2", "--crop-size", "32", "-j", "2", "--engine", "none",
+        "--output-dir", str(tmp_path)]))
+    records = read_metrics(tmp_path)
+    start = next(r for r in records if r["event"] == "start")
+    epoch = next(r for r in records if r["event"] == "epoch")
+    assert start["clips_per_read"] == 3
+    infos = check_videos(resolve_video_source(tiny_video, "train").files, device="cpu")
+    grid = clips_per_epoch(infos, ClipTransform(sequence_length=4, stride=2, clips_per_read=3))
+    assert grid * 4 == clips_per_epoch(infos, ClipTransform(sequence_length=4, stride=2)) * 3  # 3 of 4 clips a file
+    assert epoch["train_samples"] == grid, epoch
+    assert stats["val_samples"] == 20 * 4  # val: 20 files x 4 clips, one at a time

@@ -1,0 +1,168 @@
+"""``clips_per_read``: consecutive clips decoded as one read and handed out as separate clips. On the
+real VP9 sample clips (DALI on the CPU) and, marked gpu, the H.264 copies through NVDEC's legacy reader:
+the clips are the very ones read one at a time (same frames, same pixels), an epoch holds each once,
+``len()`` and ``num_samples`` count clips, and the mistakes are named."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+# the crop window is the whole (square) frame and nothing is mirrored, so a clip's pixels depend only on
+# its frames: a clip cut from a read must equal the same clip read alone
+_FIXED = dict(sequence_length=4, stride=2, crop_size=32, random_area=(1.0, 1.0), random_aspect_ratio=(1.0, 1.0),
+              hflip=0.0, output_layout="FHWC")
+
+
+def _indexed(src):
+    """``src`` with each file labelled by its index, so (label, first frame) names a clip."""
+    from crossdali.common.sources import DataSource
+
+    return DataSource(format="filelist", root=src.root, files=src.files, labels=tuple(range(len(src.files))),
+                      num_samples=len(src.files))
+
+
+def _clips(src, *, clips_per_read: int, device: str = "cpu", reader: str | None = None) -> dict:
+    """{(file index, first frame): clip} over one training epoch of the shared clip pipeline."""
+    from crossdali.common.options import PipelineOptions
+    from crossdali.common.video import VIDEO_READER_NAME, ClipTransform, create_clip_pipeline
+
+    t = ClipTransform(**_FIXED, clips_per_read=clips_per_read)
+    opts = PipelineOptions(batch_size=2, num_threads=2, device=device, device_id=0 if device == "gpu" else None)
+    pipe = create_clip_pipeline(src, train=True, options=opts, transform=t, with_frame_num=True, reader=reader)
+    pipe.build()
+    reads = pipe.epoch_size(VIDEO_READER_NAME)
+    out: dict = {}
+    for _ in range(-(-reads // 2)):
+        clips, labels, frames = (x.as_cpu() if device == "gpu" else x for x in pipe.run())
+        for c, lbl, f in zip(clips.as_array(), labels.as_array(), frames.as_array(), strict=True):
+            # one sample is one read: (k, F, H, W, C) clips, k labels, k first frames (a clip alone: F, H, W, C)
+            c = c[None] if clips_per_read == 1 else c
+            assert c.shape == (clips_per_read, 4, 32, 32, 3) and lbl.shape == f.shape == (clips_per_read,)
+            assert (lbl == lbl[0]).all() and (np.diff(f) == 8).all()  # consecutive clips of one file
+            for clip, label, first in zip(c, lbl, f, strict=True):
+                key = (int(label), int(first))
+                assert key not in out or np.array_equal(out[key], clip)  # the padded last batch repeats a read
+                out[key] = clip
+    return out
+
+
+def _expected(src, *, clips_per_read: int, need, device: str = "cpu") -> set:
+    """(file index, first frame) of every clip: reads of ``clips_per_read`` 8-frame clips every ``8 * k`` frames."""
+    from crossdali.common.video import check_videos
+
+    step = 8 * clips_per_read
+    return {(i, s + j * 8) for i, info in enumerate(check_videos(src.files, device=device))
+            for s in range(0, info.num_frames - need(clips_per_read) + 1, step) for j in range(clips_per_read)}
+
+
+def test_a_read_of_three_clips_gives_the_clips_read_one_at_a_time(tiny_video):
+    from crossdali.common.video import resolve_video_source
+
+    src = _indexed(resolve_video_source(tiny_video, "val"))
+    single, grouped = _clips(src, clips_per_read=1), _clips(src, clips_per_read=3)
+    # the experimental reader (CPU) needs sequence_length x stride frames from a read's start
+    assert set(grouped) == _expected(src, clips_per_read=3, need=lambda k: 8 * k)
+    assert set(single) == _expected(src, clips_per_read=1, need=lambda k: 8 * k)
+    assert set(grouped) < set(single)  # the 32-frame files end with one clip that fills no read of 3
+    for key, clip in grouped.items():
+        np.testing.assert_array_equal(clip, single[key], err_msg=str(key))
+
+
+def _loader(data, **kw):
+    from crossdali.pytorch.video import create_video_loader
+
+    args = dict(train=True, batch_size=6, sequence_length=4, stride=2, crop_size=32, workers=1, with_frame_num=True,
+                clips_per_read=3)
+    return create_video_loader(data, **(args | kw))
+
+
+def test_the_loader_hands_out_clips_and_counts_them(tiny_video, caplog):
+    """Batches of 6 clips (2 reads of 3), labels and first frames per clip, every clip of the epoch once,
+    ``len()`` exact; the clips no read covers are counted in a warning, not dropped silently."""
+    torch = pytest.importorskip("torch")
+    from crossdali.common.video import resolve_video_source
+
+    src = _indexed(resolve_video_source(tiny_video, "val"))
+    with caplog.at_level(logging.WARNING, logger="crossdali.common.video"):
+        loader = _loader(src, last_batch="partial")
+    assert any("clips_per_read=3 gives" in r.getMessage() and "are not read" in r.getMessage() for r in caplog.records)
+    expected = _expected(src, clips_per_read=3, need=lambda k: 8 * k)
+    assert loader.num_samples == len(expected) and loader.batch_size == 6
+    seen, batches = [], 0
+    for clips, labels, frames in loader:
+        assert clips.dtype == torch.float32 and tuple(clips.shape[1:]) == (3, 4, 32, 32)
+        assert clips.shape[0] == labels.shape[0] == frames.shape[0] and clips.shape[0] % 3 == 0
+        seen += [(int(lbl), int(f)) for lbl, f in zip(labels, frames, strict=True)]
+        batches += 1
+    assert batches == len(loader)
+    assert sorted(seen) == sorted(expected)  # each clip once
+
+
+def test_a_mid_epoch_state_resumes_only_with_the_same_clips_per_read(tiny_video):
+    from crossdali.common.script import UsageError
+
+    whole = [(c.numpy(), f.numpy()) for c, _, f in _loader(tiny_video)]
+    first = _loader(tiny_video)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    assert state["unfold"] == 3
+    resumed = _loader(tiny_video)
+    resumed.load_state_dict(state)
+    rest = [(c.numpy(), f.numpy()) for c, _, f in resumed]
+    assert len(rest) == len(whole) - 1
+    for (c0, f0), (c1, f1) in zip(whole[1:], rest, strict=True):
+        np.testing.assert_array_equal(f0, f1)
+        np.testing.assert_array_equal(c0, c1)
+    other = _loader(tiny_video, clips_per_read=2, batch_size=4)
+    with pytest.raises(UsageError, match=r"saved reading 3 clip\(s\) at a time.*--clips-per-read 3"):
+        other.load_state_dict(state)
+
+
+def test_mistakes_are_named(tiny_video):
+    from crossdali.common.script import UsageError
+
+    with pytest.raises(UsageError, match=r"batch size 7 is not a multiple of clips_per_read \(--clips-per-read\) 3"):
+        _loader(tiny_video, batch_size=7)
+    with pytest.raises(UsageError, match="is for training"):
+        _loader(tiny_video, train=False)
+    with pytest.raises(UsageError, match=r"3 reads .* pipelines=2 \(--pipelines\) cannot share"):
+        _loader(tiny_video, batch_size=9, pipelines=2)
+    with pytest.raises(ValueError, match="step must be sequence_length \\* stride"):
+        _loader(tiny_video, step=4)
+
+
+def test_the_training_script_refuses_a_batch_that_is_not_whole_reads(tiny_video, tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "crossdali.video.train", "--data", str(tiny_video),
+                           "--data-backend", "dali-cpu", "--batch-size", "8", "--clips-per-read", "3",
+                           "--epochs", "1", "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert "batch size 8 is not a multiple of clips_per_read (--clips-per-read) 3" in lines[-1]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_legacy_reader_reads_give_the_clips_read_one_at_a_time(gpu_video):
+    """NVDEC's legacy reader (shuffled H.264): reads of 2 clips give the same frames as clips read one
+    at a time, to within the decoder's rounding, and every clip of the 2-clip grid once."""
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    if GetCUDADeviceCount() == 0:
+        pytest.skip("needs a CUDA GPU (NVDEC); none is visible on this machine")
+    from crossdali.common.video import resolve_video_source
+
+    src = _indexed(resolve_video_source(gpu_video / "h264", "val"))
+    single = _clips(src, clips_per_read=1, device="gpu", reader="legacy")
+    grouped = _clips(src, clips_per_read=2, device="gpu", reader="legacy")
+    # the legacy reader needs a read's span, (sequence_length - 1) x stride + 1 frames
+    assert set(grouped) == _expected(src, clips_per_read=2, need=lambda k: (4 * k - 1) * 2 + 1, device="gpu")
+    for key, clip in grouped.items():
+        diff = np.abs(clip.astype(np.float32) - single[key].astype(np.float32))
+        assert float(diff.mean()) < 0.05, (key, float(diff.mean()))
