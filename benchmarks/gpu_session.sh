@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -21,7 +21,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -238,6 +238,34 @@ case $phase in
     step video_loader_gop16 300 "$py" -m benchmarks.video_decode --out "$out/loader_gop16" --encode gop16 \
       --resolutions 1080p --no-peers --work "$CROSSDALI_DATA/video-bench" \
       --only "crossdali loader (PyTorch)" --only "shuffled clips" ;;
+  videoread)  # issue 14, video on files with key frames further apart than a clip: crossdali's loader (7 pipelines)
+    # reading 3 consecutive 16-frame clips as one 48-frame read (clips_per_read=3: every read starts on a gop48
+    # key frame) beside one clip at a time and the raw legacy reader (48-frame clips on key frames: the hardware's
+    # rate; shuffled 16-frame clips), two rounds; then x264's defaults (a key frame per 144-frame file) with reads of
+    # 9 clips = whole files; then the GPU video tests
+    vd=("$py" -m benchmarks.video_decode --resolutions 1080p --no-peers --work "$CROSSDALI_DATA/video-bench")
+    for round in 1 2; do
+      step video_read_gop48_$round 260 "${vd[@]}" --out "$out/read_gop48_$round" \
+        --only "crossdali loader (PyTorch), 7 pipelines" --only "DALI legacy readers.video x14, 48-frame clips" \
+        --only "DALI legacy readers.video x7, shuffled clips"
+    done
+    step video_read_x264 200 "${vd[@]}" --out "$out/read_x264" --encode x264-default --read-rows 9x2,9x1 \
+      --only "crossdali loader (PyTorch), 7 pipelines" --only "DALI legacy readers.video x7, shuffled clips"
+    step video_gpu_tests 150 "$py" -m pytest tests/video -m gpu -rA -p no:cacheprovider -q ;;
+  videoread2)  # videoread continued, beside NVIDIA's PyNvVideoCodec 2.2.4 in the same run (its wheel installed into
+    # /tmp/site-extra, on PYTHONPATH; PyNvVideoCodec decodes whole files in order, the loader shuffled reads): reads
+    # of 3 clips with 7 and 14 pipelines, 1 or 2 reads per pipeline and step (42 reads an epoch: whole steps), two
+    # rounds; then 28 files with 4 reads per pipeline and step (84 reads: whole steps), where 14 files left the last
+    # step of each pipeline's epoch half padding in videoread
+    vd=("$py" -m benchmarks.video_decode --resolutions 1080p --work "$CROSSDALI_DATA/video-bench")
+    for round in 1 2; do
+      step video_read2_gop48_$round 200 "${vd[@]}" --out "$out/read2_gop48_$round" --read-rows 3x2,3x1 \
+        --read-pipelines 7,14 --only "clips per read" --only "PyNvVideoCodec SimpleDecoder x7 " \
+        --only "PyNvVideoCodec SimpleDecoder x14" --only "DALI legacy readers.video x14, 48-frame clips"
+    done
+    step video_read2_files28 200 "$py" -m benchmarks.video_decode --resolutions 1080p --no-peers --files 28 \
+      --work "$CROSSDALI_DATA/video-bench28" --out "$out/read2_files28" --read-rows 3x4,3x2 \
+      --only "crossdali loader (PyTorch), 7 pipelines" ;;
   sameday1)  # issue 14 item 4, every benchmark on one day (with classall, trainpipes, trainjax2, videogop16 and the GPU
     # tests of 2026-11-27): detection, a served model, the external-source loaders (Squirrel staged: see formats)
     dmon_step detection_loaders 280 "$py" -m benchmarks.detection_loaders --out "$out/detection"

@@ -35,6 +35,7 @@ row that fails is recorded with its error and the run goes on.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -93,6 +94,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--peer-ld-path", default=os.environ.get("PEER_LD_PATH", ""),
                         help="LD_LIBRARY_PATH for the peer processes only (torchcodec needs FFmpeg's shared "
                              "libraries; default: $PEER_LD_PATH)")
+    parser.add_argument("--read-rows", default="3x4,3x2", metavar="KxR,...",
+                        help="crossdali loader rows with clips_per_read K and R reads per pipeline and step (P "
+                             "--read-pipelines, so batches of P x R x K clips); 3 x 16 frames = the gop48 files' "
+                             "key-frame interval")
+    parser.add_argument("--read-pipelines", default="7", help="pipelines of the --read-rows loader rows")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script anywhere: 160x96 VP9 files, DALI on the CPU, 1 s per configuration")
     return parser
@@ -276,10 +282,11 @@ def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: in
 
 
 def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: int = 28, seq: int = 16,
-                 crop: int = 112, train: bool = True) -> dict:
+                 crop: int = 112, train: bool = True, clips_per_read: int = 1) -> dict:
     """crossdali's PyTorch clip loader as training uses it (train split: clips shuffled, random crop,
     flip, normalize, float16 NCFHW on the GPU), ``pipelines`` DALI pipelines merged per batch;
-    ``train=False``: the val split (clips in file order, resize + center crop)."""
+    ``train=False``: the val split (clips in file order, resize + center crop); ``clips_per_read``:
+    that many consecutive clips decoded as one read (``batch`` counts clips)."""
     import torch
 
     from crossdali.common.sources import DataSource
@@ -289,7 +296,8 @@ def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: i
                         labels=(0,) * len(files), num_samples=len(files))
     loader = create_video_loader(source, train=train, backend="dali-gpu" if device == "gpu" else "dali-cpu",
                                  batch_size=batch, sequence_length=seq, step=seq, crop_size=crop, workers=2,
-                                 device_id=0 if device == "gpu" else None, dtype="float16", pipelines=pipelines)
+                                 device_id=0 if device == "gpu" else None, dtype="float16", pipelines=pipelines,
+                                 clips_per_read=clips_per_read)
     batches = iter(())
 
     def step() -> int:
@@ -303,7 +311,7 @@ def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: i
         return clips[0].shape[0] * seq
 
     return _timed(step, seconds=seconds) | {"sequence_length": seq, "batch": batch, "crop": crop,
-                                            "pipelines": pipelines, "shuffled": train}
+                                            "pipelines": pipelines, "shuffled": train, "clips_per_read": clips_per_read}
 
 
 def bench_decoder(files, *, device: str, batch: int, frames_per_file: int, seconds: float) -> dict:
@@ -500,6 +508,15 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
     for k in ([1, 2] if args.smoke else [1, 4, 7] if full else [7]):
         rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}", kind, bench_loader,
                      dict(files=files, device=device, pipelines=k, seconds=seconds, **small)))
+    # consecutive clips decoded as one read (``clips_per_read``): 3 x 16 frames = the gop48 files' key-frame
+    # interval, so every read starts on a key frame; 4 reads per pipeline and step: as many as the rows above
+    read_rows = [tuple(int(v) for v in r.split("x")) for r in args.read_rows.split(",") if r]
+    read_pipelines = [1] if args.smoke else [int(v) for v in args.read_pipelines.split(",") if v]
+    for n, (k, reads) in itertools.product(read_pipelines, [(2, 2)] if args.smoke else read_rows if full else read_rows[:1]):
+        rows.append((f"crossdali loader (PyTorch), {n} pipeline{'s' if n > 1 else ''}, {k} clips per read, "
+                     f"batch {n * reads * k}", kind, bench_loader,
+                     dict(files=files, device=device, pipelines=n, seconds=seconds, clips_per_read=k,
+                          **(small | {"batch": n * reads * k}))))
     # the val split: clips in file order (and, for H.264 on the GPU, the experimental reader)
     for k in ([1] if args.smoke else [1, 7] if full else []):
         rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}, val split (clips in order)",
