@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -21,7 +21,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -266,6 +266,16 @@ case $phase in
     step video_read2_files28 200 "$py" -m benchmarks.video_decode --resolutions 1080p --no-peers --files 28 \
       --work "$CROSSDALI_DATA/video-bench28" --out "$out/read2_files28" --read-rows 3x4,3x2 \
       --only "crossdali loader (PyTorch), 7 pipelines" ;;
+  videoread3)  # one clip at a time with 14 pipelines (the read rows' winner; the default for one clip is 7, chosen
+    # before 14 was tried) beside 7, and reads of 3 clips with 14, on 28 gop48 files (whole steps for every row),
+    # two rounds; then the key-frame interval crossdali's probe reads from those files (the loaders' hint)
+    vd=("$py" -m benchmarks.video_decode --resolutions 1080p --no-peers --files 28 --work "$CROSSDALI_DATA/video-bench28")
+    for round in 1 2; do
+      step video_read3_$round 200 "${vd[@]}" --out "$out/read3_$round" --loader-pipelines 7,14 --read-rows 3x1 \
+        --read-pipelines 14 --only "crossdali loader (PyTorch), 7 pipelines" --only "crossdali loader (PyTorch), 14 pipelines"
+    done
+    step key_frames 60 "$py" -c "import glob; from crossdali.common.video import probe_video
+for f in sorted(glob.glob('$CROSSDALI_DATA/video-bench28/*/*'))[:3]: i = probe_video(f); print(f, i.num_frames, i.key_frame_interval)" ;;
   sameday1)  # issue 14 item 4, every benchmark on one day (with classall, trainpipes, trainjax2, videogop16 and the GPU
     # tests of 2026-11-27): detection, a served model, the external-source loaders (Squirrel staged: see formats)
     dmon_step detection_loaders 280 "$py" -m benchmarks.detection_loaders --out "$out/detection"

@@ -94,6 +94,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--peer-ld-path", default=os.environ.get("PEER_LD_PATH", ""),
                         help="LD_LIBRARY_PATH for the peer processes only (torchcodec needs FFmpeg's shared "
                              "libraries; default: $PEER_LD_PATH)")
+    parser.add_argument("--loader-pipelines", default="1,4,7",
+                        help="pipelines of the crossdali loader rows reading one clip at a time (train)")
     parser.add_argument("--read-rows", default="3x4,3x2", metavar="KxR,...",
                         help="crossdali loader rows with clips_per_read K and R reads per pipeline and step (P "
                              "--read-pipelines, so batches of P x R x K clips); 3 x 16 frames = the gop48 files' "
@@ -505,7 +507,8 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
     # crossdali's loader itself (crop, flip, normalize included): one pipeline, and the shard split
     # over several (``pipelines=``, the loader-level shape of the "pipelines" rows above)
     small = {"batch": 4, "crop": 32} if args.smoke else {}
-    for k in ([1, 2] if args.smoke else [1, 4, 7] if full else [7]):
+    loader_pipelines = [int(v) for v in args.loader_pipelines.split(",") if v]
+    for k in ([1, 2] if args.smoke else loader_pipelines if full else [7]):
         rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}", kind, bench_loader,
                      dict(files=files, device=device, pipelines=k, seconds=seconds, **small)))
     # consecutive clips decoded as one read (``clips_per_read``): 3 x 16 frames = the gop48 files' key-frame

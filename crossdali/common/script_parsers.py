@@ -184,7 +184,7 @@ def video_classification(add_help: bool = True) -> argparse.ArgumentParser:
     clips.add_argument("--pipelines", type=positive_int, default=None,
                        help="DALI pipelines per process, each decoding its own part of the shard (batch-size / "
                             "pipelines clips each per step; the batch size must divide by it). Default: on "
-                            "dali-gpu the largest divisor of the batch size up to 7 (several keep the GPU's video "
+                            "dali-gpu the largest divisor of the batch size up to 14 (val: 7; several keep the GPU's video "
                             "decoders busy, one leaves them mostly idle; with --clips-per-read, of the reads per "
                             "step up to 14), else 1")
     clips.add_argument("--clips-per-read", type=positive_int, default=1,

@@ -37,8 +37,9 @@ decode fallback: it would be a second, slower decoder to keep equal to DALI's).
 One reader leaves NVDEC mostly idle; several per process, each on a slice of the shard, keep it
 busy: the loaders' ``pipelines=`` (``crossdali.common.options.sub_shard_options``: one pipeline per
 slice, every clip once per epoch, one DALI checkpoint per pipeline). Its default on the GPU
-(``default_video_pipelines``) is the largest divisor of the batch size up to 7, the H100's NVDEC
-count: 7 kept the engines 86 % busy (1,759 frames/s above), 4 gave 1,082 and 1 gave 306.
+(``default_video_pipelines``) is the largest divisor of the batch size up to 14 in training (twice the
+H100's NVDEC count; measured below) and up to 7 for val: 7 kept the engines 86 % busy (1,759 frames/s
+above), 4 gave 1,082 and 1 gave 306.
 
 Several clips per read (``clips_per_read``, train): the reader cuts ``clips_per_read`` consecutive
 clips as one sequence and ``_split_read`` hands them out as separate clips (the loader unfolds the
@@ -52,7 +53,10 @@ on files with a key frame every 48 frames, one clip at a time 1,748-1,755 frames
 **4,598-4,601 with 14** (NVDEC 93-99 %), beside NVIDIA's PyNvVideoCodec 2.2.4 decoding whole files
 in order with 14 threads, 4,443-4,459, in the same runs; on x264-default files (one key frame per
 144-frame file) 746 one clip at a time, 4,500-4,526 with 9 clips per read (whole files). Hence the
-14-pipeline default for reads (``GPU_READ_PIPELINES``); one clip at a time keeps 7 (14 not measured).
+14-pipeline default in training (``GPU_TRAIN_PIPELINES``), also measured one clip at a time (28 gop48 files,
+``videoread3``, ``results/video/pipelines14_run*_2026-11-27.json``): 7 pipelines 1,906-1,908 frames/s (NVDEC
+86 %), 14 2,196-2,205 (97-98 %), 96 % of the 2,295 that shuffled 16-frame clips allow on these files; val
+(clips in order, the experimental reader) keeps 7, where 14 was not measured.
 On a small set the shape of a step matters: 14 files (42 reads) with 4 reads per pipeline and step,
 whose last step per pipeline is half padding, gave 2,971-3,047 frames/s, and 28 files (whole steps)
 4,158, so the padding reads are decoded too (inferred from these rows, not traced).
@@ -117,8 +121,8 @@ GPU_CODECS = CPU_CODECS | {"h264", "hevc", "av1", "mpeg4"}
 LEGACY_READER_CODECS = frozenset({"h264", "hevc"})
 #: Most DALI pipelines per process the loaders start on the GPU by default (the H100's 7 NVDEC engines).
 GPU_VIDEO_PIPELINES = 7
-#: The same for reads of several clips (``clips_per_read`` > 1): 14 fed the 7 engines 93-99 % busy (see the module doc).
-GPU_READ_PIPELINES = 14
+#: The same for training (clips shuffled): 14 kept the 7 engines 97-99 % busy, one clip or 3 per read (module doc).
+GPU_TRAIN_PIPELINES = 14
 #: NVDEC's smallest frame per codec where it is larger than the sample clips (measured on the H100,
 #: DALI 2.4: a 64x64 VP9 clip fails with "Video is too small ... supported:128x128"; 64x64 H.264 decodes).
 GPU_MIN_SIDE = {"vp9": 128}
@@ -225,14 +229,14 @@ def clip_reader(device: str, codecs, *, shuffle: bool = True) -> str:
     return "legacy" if legacy else "experimental"
 
 
-def default_video_pipelines(device: str, batch_size: int, *, clips_per_read: int = 1) -> int:
+def default_video_pipelines(device: str, batch_size: int, *, train: bool = True, clips_per_read: int = 1) -> int:
     """``pipelines=None`` of the video loaders: 1 on the CPU (more only split the same threads); on
     the GPU the largest divisor of DALI's batch (``batch_size / clips_per_read`` reads) up to
-    ``GPU_VIDEO_PIPELINES``, or ``GPU_READ_PIPELINES`` for reads of several clips (see the module doc)."""
+    ``GPU_TRAIN_PIPELINES`` for training, ``GPU_VIDEO_PIPELINES`` for val (see the module doc)."""
     if device != "gpu":
         return 1
     reads = batch_size // clips_per_read
-    cap = GPU_READ_PIPELINES if clips_per_read > 1 else GPU_VIDEO_PIPELINES
+    cap = GPU_TRAIN_PIPELINES if train else GPU_VIDEO_PIPELINES
     return max(k for k in range(1, min(cap, max(1, reads)) + 1) if reads % k == 0)
 
 
@@ -265,6 +269,8 @@ class VideoInfo:
     num_frames: int
     fps: float
     constant_frame_rate: bool
+    #: frames from one key frame to the next (the median gap; the file's length with one key frame), None unprobed
+    key_frame_interval: int | None = None
 
 
 class OpticalFlowUnavailable(RuntimeError):
@@ -337,11 +343,13 @@ def probe_video(path: str | Path) -> VideoInfo:
         stream = container.streams.video[0]
         codec = stream.codec_context.name
         fps = float(stream.average_rate or stream.guessed_rate or 0)
-        pts = []
+        pts, key_pts = [], []
         try:
             for packet in container.demux(stream):
                 if packet.pts is not None and packet.size:
                     pts.append(packet.pts)
+                    if packet.is_keyframe:
+                        key_pts.append(packet.pts)
         except av.error.FFmpegError as e:
             raise DataError(f"{path} is damaged ({e}); re-encode it: " + reencode_hint(path, fps=fps)) from None
     if not pts:
@@ -353,7 +361,16 @@ def probe_video(path: str | Path) -> VideoInfo:
         med = sorted(durations)[len(durations) // 2]
         cfr = med > 0 and max(durations) - min(durations) <= max(1, _VFR_TOLERANCE * med)
     return VideoInfo(path=path, codec=codec, width=stream.width, height=stream.height, num_frames=len(pts),
-                     fps=fps, constant_frame_rate=cfr)
+                     fps=fps, constant_frame_rate=cfr, key_frame_interval=_key_frame_interval(pts, key_pts))
+
+
+def _key_frame_interval(pts: list[int], key_pts: list[int]) -> int:
+    """The median number of frames from one key frame to the next (frames in presentation order);
+    the file's frame count when it has a single key frame."""
+    order = {p: i for i, p in enumerate(sorted(pts))}
+    keys = sorted(order[p] for p in set(key_pts))
+    gaps = [b - a for a, b in itertools.pairwise(keys)]
+    return sorted(gaps)[len(gaps) // 2] if gaps else len(pts)
 
 
 def _info_problem(info: VideoInfo, *, device: str, transform: ClipTransform | None) -> tuple[str, str] | None:
@@ -472,6 +489,8 @@ def count_clips(source: DataSource, *, device: str, transform: ClipTransform, sh
     infos = check_videos(source.files, device=device, transform=transform)
     reader = clip_reader(device, (i.codec for i in infos), shuffle=shuffle)
     clips = clips_per_epoch(infos, transform, reader=reader)
+    if reader == "legacy" and transform.clips_per_read == 1:
+        _hint_clips_per_read(source, infos, transform)
     if transform.clips_per_read > 1:
         single = clips_per_epoch(infos, replace(transform, clips_per_read=1), reader=reader)
         if single > clips:  # not silent: the files' last clips that do not fill a read are not read
@@ -480,6 +499,24 @@ def count_clips(source: DataSource, *, device: str, transform: ClipTransform, sh
                         "frames lose none)", source.root, transform.clips_per_read, clips, single, single - clips,
                         transform.read.clip_step)
     return clips, reader
+
+
+def _hint_clips_per_read(source: DataSource, infos: Sequence[VideoInfo], transform: ClipTransform) -> None:
+    """Say once per loader when shuffled clips on NVDEC would each decode from a key frame several clips
+    back, and what reads it at the hardware's rate instead (module doc: 1,750 -> 4,600 frames/s)."""
+    intervals = sorted(i.key_frame_interval for i in infos if i.key_frame_interval)
+    if not intervals:
+        return
+    interval, step = intervals[len(intervals) // 2], transform.clip_step
+    k = interval // step
+    if k < 2:
+        return
+    log.warning("%s: the videos have a key frame every %d frames (median) and a clip starts every %d, so NVDEC decodes "
+                "each shuffled clip from the key frame up to %d frames before it. clips_per_read=%d (--clips-per-read "
+                "%d) decodes %d clips from one key frame at once (on the H100, 1080p H.264 with key frames 48 apart: "
+                "1,750 -> 4,600 frames/s; their crop, flip and batch are shared, docs/video.md), or re-encode with a "
+                "key frame at every clip start: python -m crossdali.video.reencode IN OUT.mp4 --key-every %d",
+                source.root, interval, step, interval - step, k, k, k, step)
 
 
 class ClipCounter:

@@ -75,7 +75,7 @@ def create_video_loader(
     # DALI's batch: reads of clips_per_read clips
     reads = read_batch_size(batch_size, clips_per_read, train=train, pipelines=pipelines)
     if pipelines is None:
-        pipelines = default_video_pipelines(device, batch_size, clips_per_read=clips_per_read)
+        pipelines = default_video_pipelines(device, batch_size, train=train, clips_per_read=clips_per_read)
 
     # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
     count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate)

@@ -71,8 +71,9 @@ def create_video_loader(
     ``pipelines``: DALI pipelines in this process, each reading its own part of this rank's shard
     with ``batch_size / pipelines`` clips per step (``workers`` threads each), merged into one batch;
     an epoch still has every clip once. ``None``: 1 on the CPU, on the GPU the largest divisor of
-    ``batch_size`` up to 7 (one reader leaves NVDEC mostly idle: on the H100, 1080p H.264 in training's
-    order, 1 pipeline read 306 frames/s, 4 1,082, 7 1,759; see ``crossdali.common.video``). The clip
+    ``batch_size`` up to 14 in training, 7 for val (one reader leaves NVDEC mostly idle: on the H100,
+    1080p H.264 in training's order, 1 pipeline read 306 frames/s, 4 1,082, 7 1,759-1,908, 14
+    2,196-2,205; see ``crossdali.common.video``). The clip
     order and augmentation differ between values (other shards, other seeds), and a ``state_dict``
     resumes only into a loader with the same ``pipelines``.
 
@@ -83,7 +84,7 @@ def create_video_loader(
     price: the clips of one read share their crop and flip and arrive in the same batch (the reads
     are shuffled, the clips within one are not), and a file's last clips that do not fill a read are
     not read (the loader logs how many). ``batch_size`` must be a multiple of it, and ``pipelines=None``
-    then takes the largest divisor of the reads per step up to 14. Measured on the H100 (1080p H.264, a key
+    then divides the reads per step. Measured on the H100 (1080p H.264, a key
     frame every 48 frames, 16-frame clips shuffled; ``crossdali.common.video``): 1,748-1,755 frames/s one
     clip at a time, 4,598-4,601 with 3 clips per read and 14 pipelines, ahead of PyNvVideoCodec's 4,443-4,459.
     """
@@ -96,7 +97,7 @@ def create_video_loader(
     # DALI's batch: reads of clips_per_read clips
     reads = read_batch_size(batch_size, clips_per_read, train=train, pipelines=pipelines)
     if pipelines is None:
-        pipelines = default_video_pipelines(device, batch_size, clips_per_read=clips_per_read)
+        pipelines = default_video_pipelines(device, batch_size, train=train, clips_per_read=clips_per_read)
 
     # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
     count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate)

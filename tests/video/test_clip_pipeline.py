@@ -139,11 +139,14 @@ def test_the_reader_and_its_clip_count_follow_the_codecs(tiny_video):
 
 
 def test_default_pipelines_keep_the_gpu_decoders_busy():
-    """``pipelines=None``: 1 on the CPU; on the GPU the largest divisor of the batch up to 7."""
+    """``pipelines=None``: 1 on the CPU; on the GPU the largest divisor of the batch up to 14 in training,
+    up to 7 for val."""
     from crossdali.common.video import default_video_pipelines
 
-    assert [default_video_pipelines("gpu", b) for b in (1, 5, 8, 16, 28, 56, 64, 12)] == [1, 5, 4, 4, 7, 7, 4, 6]
+    batches = (1, 5, 8, 16, 28, 56, 64, 12)
+    assert [default_video_pipelines("gpu", b) for b in batches] == [1, 5, 8, 8, 14, 14, 8, 12]
+    assert [default_video_pipelines("gpu", b, train=False) for b in batches] == [1, 5, 4, 4, 7, 7, 4, 6]
     assert default_video_pipelines("cpu", 28) == 1
-    # reads of several clips: DALI's batch is batch_size / clips_per_read reads, up to 14 pipelines
+    # reads of several clips: DALI's batch is batch_size / clips_per_read reads
     assert [default_video_pipelines("gpu", b, clips_per_read=3) for b in (42, 84, 21, 48)] == [14, 14, 7, 8]
     assert default_video_pipelines("cpu", 42, clips_per_read=3) == 1

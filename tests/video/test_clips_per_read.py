@@ -148,6 +148,35 @@ def test_the_training_script_refuses_a_batch_that_is_not_whole_reads(tiny_video,
     assert "Traceback" not in proc.stderr
 
 
+def test_key_frames_further_apart_than_clips_get_a_hint_naming_clips_per_read(tmp_path, caplog):
+    """H.264 with a key frame every 16 frames and 4-frame clips: the probe reads the interval, and a loader
+    on NVDEC's legacy reader (shuffled clips on the GPU; counted here without one) is told that reads of 4
+    clips decode each interval once; with clips_per_read=4, or key frames at every clip, it is not."""
+    from crossdali.common.sample_data.video import write_video
+    from crossdali.common.sources import DataSource
+    from crossdali.common.video import ClipTransform, count_clips, probe_video
+
+    frames = np.random.default_rng(0).integers(0, 255, (48, 64, 64, 3), dtype=np.uint8)
+    files = []
+    for gop in (16, 4):
+        path = write_video(tmp_path / f"gop{gop}.mp4", frames, codec="h264",
+                           options={"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"})
+        assert probe_video(path).key_frame_interval == gop
+        files.append(str(path))
+
+    def hints(path, **kw) -> list[str]:
+        caplog.clear()
+        src = DataSource(format="filelist", root=tmp_path, files=(path,), labels=(0,), num_samples=1)
+        with caplog.at_level(logging.WARNING, logger="crossdali.common.video"):
+            assert count_clips(src, device="gpu", transform=ClipTransform(sequence_length=4, **kw))[1] == "legacy"
+        return [r.getMessage() for r in caplog.records if "--clips-per-read" in r.getMessage()]
+
+    (hint,) = hints(files[0])
+    assert "a key frame every 16 frames (median) and a clip starts every 4" in hint
+    assert "clips_per_read=4 (--clips-per-read 4)" in hint and "--key-every 4" in hint
+    assert hints(files[0], clips_per_read=4) == [] and hints(files[1]) == []
+
+
 @pytest.mark.gpu
 def test_gpu_legacy_reader_reads_give_the_clips_read_one_at_a_time(gpu_video):
     """NVDEC's legacy reader (shuffled H.264): reads of 2 clips give the same frames as clips read one

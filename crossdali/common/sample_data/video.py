@@ -90,11 +90,13 @@ VIDEO_SIZES: dict[str, VideoSampleConfig] = {
 
 
 def write_video(path: str | Path, frames: np.ndarray | Sequence[np.ndarray], *, fps: int = 25, codec: str = "vp9",
-                pts: Sequence[int] | None = None, time_base: Fraction | None = None) -> Path:
+                pts: Sequence[int] | None = None, time_base: Fraction | None = None,
+                options: dict[str, str] | None = None) -> Path:
     """Encode RGB uint8 frames ``(F, H, W, 3)`` to ``path`` with PyAV.
 
     Constant frame rate by default (frame ``i`` at ``i / fps`` s). ``pts`` (in ``time_base``
     units) gives each frame its own time, which is how the tests make a variable-frame-rate file.
+    ``options``: more encoder options (e.g. x264's ``{"g": "16"}``: a key frame every 16 frames).
     """
     import av  # defer: only the builders and tests encode
 
@@ -113,6 +115,7 @@ def write_video(path: str | Path, frames: np.ndarray | Sequence[np.ndarray], *, 
             stream.options = {"crf": "12", "b:v": "0", "deadline": "realtime", "cpu-used": "8"}
         else:
             stream.options = {"crf": "18", "preset": "veryfast"}
+        stream.options = dict(stream.options) | dict(options or {})
         for i, frame in enumerate(frames):
             vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame, dtype=np.uint8), format="rgb24")
             vf.pts = pts[i] if pts is not None else round(Fraction(i, fps) / tb)
