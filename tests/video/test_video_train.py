@@ -77,3 +77,27 @@ def test_video_training_reads_several_clips_at_a_time(tiny_video, tmp_path):
     assert grid * 4 == clips_per_epoch(infos, ClipTransform(sequence_length=4, stride=2)) * 3  # 3 of 4 clips a file
     assert epoch["train_samples"] == grid, epoch
     assert stats["val_samples"] == 20 * 4  # val: 20 files x 4 clips, one at a time
+
+
+@pytest.mark.gpu
+def test_video_training_reads_several_h264_clips_at_a_time_on_cuda(gpu_video, tmp_path):
+    """--clips-per-read 2 on NVDEC's legacy reader (H.264, shuffled), training's default pipelines: the
+    epoch holds every clip of the 2-clip grid once, and the run trains."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (NVDEC)")
+    from crossdali.common.video import ClipTransform, check_videos, clips_per_epoch, resolve_video_source
+    from crossdali.video.train import get_args_parser, main
+
+    data = gpu_video / "h264"
+    main(get_args_parser().parse_args([
+        "--data", str(data), "--data-backend", "dali-gpu", "--amp", "--epochs", "2", "-b", "8", "--clip-len", "8",
+        "--frame-stride", "2", "--clips-per-read", "2", "--crop-size", "112", "-j", "2", "--engine", "none",
+        "--output-dir", str(tmp_path)]))
+    records = read_metrics(tmp_path)
+    start = next(r for r in records if r["event"] == "start")
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert start["clips_per_read"] == 2 and start["pipelines"] == 4  # 8 clips = 4 reads a step, one per pipeline
+    infos = check_videos(resolve_video_source(data, "train").files, device="gpu")
+    grid = clips_per_epoch(infos, ClipTransform(sequence_length=8, stride=2, clips_per_read=2), reader="legacy")
+    assert [r["train_samples"] for r in epochs] == [grid, grid] and all(r["val_samples"] > 0 for r in epochs)
