@@ -128,10 +128,16 @@ class EpochPlan:
         return cls(valid=np.stack(rows).astype(np.int64), batch_size=batch_size, epoch_size=n)
 
 
+def _unfolded(x: tf.Tensor, unfold: int) -> tf.Tensor:
+    """``(n, unfold, ...)`` as ``(n * unfold, ...)``: the samples a DALI sample holds (video's reads)."""
+    return x if unfold == 1 else tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], axis=0))
+
+
 def _planned(stream: tf.data.Dataset, plan: EpochPlan, *, names: tuple[str, ...],
-             flatten: tuple[str, ...]) -> tf.data.Dataset:
+             flatten: tuple[str, ...], unfold: int = 1) -> tf.data.Dataset:
     """``plan`` applied with tf.data ops (the ``.dataset`` view): padded and surplus batches
-    dropped, short ones trimmed, ``flatten`` outputs reshaped to (N,). These ops run on the host."""
+    dropped, short ones trimmed, samples unfolded, ``flatten`` outputs reshaped to (N,). These ops run
+    on the host."""
     table = tf.constant(plan.valid)
     per_epoch, cycle = plan.batches_per_reader_epoch, plan.valid.shape[0]
 
@@ -139,7 +145,8 @@ def _planned(stream: tf.data.Dataset, plan: EpochPlan, *, names: tuple[str, ...]
         return table[(i // per_epoch) % cycle, i % per_epoch]
 
     def trim(i, batch):
-        return tuple(tf.reshape(x[: rows(i)], [-1]) if n in flatten else x[: rows(i)] for n, x in zip(names, batch))
+        return tuple(tf.reshape(x[: rows(i)], [-1]) if n in flatten else _unfolded(x[: rows(i)], unfold)
+                     for n, x in zip(names, batch))
 
     return (stream.enumerate().filter(lambda i, batch: rows(i) > 0).map(trim)
             .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
@@ -247,17 +254,21 @@ class DALILoader:
     ``state_dict`` is epoch-level: DALIDataset cannot restore DALI's checkpoints (see
     ``NO_DALI_CHECKPOINTS``), so a restored loader continues the epoch count and starts that
     epoch's data from its beginning, in a fresh run's order. ``host_outputs``: the pipeline leaves
-    some outputs on the CPU in GPU mode; DALIDataset copies them to the GPU.
+    some outputs on the CPU in GPU mode; DALIDataset copies them to the GPU. ``unfold`` > 1: each DALI
+    sample holds that many samples (video's ``clips_per_read``): outputs arrive as ``(n, unfold, ...)``
+    (``output_shapes`` declare that) and leave as ``(n * unfold, ...)``; ``batch_size`` and
+    ``num_samples`` count the unfolded samples.
     """
 
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
                  names: tuple[str, ...], output_shapes, output_dtypes, reader_name: str,
                  explain: Callable[[Exception], Exception], flatten: tuple[str, ...] = ("labels",),
-                 twin_on_cpu: bool = True, host_outputs: bool = False) -> None:
+                 twin_on_cpu: bool = True, host_outputs: bool = False, unfold: int = 1) -> None:
         if options.checkpoint is not None:
             raise ValueError(NO_DALI_CHECKPOINTS)
         self.plan, self.source, self.policy, self.backend = plan, plan.source, plan.policy, plan.backend
-        self.batch_size, self.num_classes = options.batch_size, plan.num_classes
+        self.unfold = unfold
+        self.batch_size, self.num_classes = options.batch_size * unfold, plan.num_classes
         self.names, self.flatten, self._explain = names, flatten, explain
         if options.device == "gpu":
             enable_memory_growth()  # before anything below touches the GPU
@@ -270,7 +281,7 @@ class DALILoader:
 
     def _raw_dataset(self, build, options: PipelineOptions, shapes, dtypes, *, host_outputs: bool) -> tf.data.Dataset:
         """The endless DALIDataset the epoch plan is applied to."""
-        return dali_dataset(build(options), batch_size=self.batch_size, output_shapes=shapes, output_dtypes=dtypes,
+        return dali_dataset(build(options), batch_size=options.batch_size, output_shapes=shapes, output_dtypes=dtypes,
                             device_id=options.pipeline_device_id, check_outputs=False, host_outputs=host_outputs)
 
     def _epoch_plan(self, build, options, shapes, dtypes, *, twin_on_cpu: bool, reader_name: str) -> EpochPlan:
@@ -287,12 +298,12 @@ class DALILoader:
             raise self._explain(e) from e
         meta = twin.reader_meta(reader_name)
         del twin
-        return EpochPlan.from_reader_meta(meta, batch_size=self.batch_size, policy=self.policy)
+        return EpochPlan.from_reader_meta(meta, batch_size=options.batch_size, policy=self.policy)
 
     @property
     def num_samples(self) -> int:
         """Samples per epoch over all shards (clips for video), as the reader counts them."""
-        return self.epochs.epoch_size
+        return self.epochs.epoch_size * self.unfold
 
     @property
     def epoch(self) -> int:
@@ -346,13 +357,13 @@ class DALILoader:
             yield out  # outside the device scope: the caller's code must not run under it
 
     def _trim(self, name: str, x: tf.Tensor, rows: int) -> tf.Tensor:
-        if rows < self.batch_size:
+        if rows < self.epochs.batch_size:
             x = x[:rows]
-        return tf.reshape(x, [-1]) if name in self.flatten else x
+        return tf.reshape(x, [-1]) if name in self.flatten else _unfolded(x, self.unfold)
 
     @functools.cached_property
     def dataset(self) -> tf.data.Dataset:
-        stream = _planned(self._raw, self.epochs, names=self.names, flatten=self.flatten)
+        stream = _planned(self._raw, self.epochs, names=self.names, flatten=self.flatten, unfold=self.unfold)
         # val: one epoch, re-iterable (a fresh pipeline each time starts at epoch 0: the same samples)
         return stream if self.plan.train else stream.take(self.epochs.steps(0))
 

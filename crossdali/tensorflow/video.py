@@ -24,6 +24,7 @@ from crossdali.common.video import (
     ClipTransform,
     create_clip_pipeline,
     explain_video_failure,
+    read_batch_size,
     resolve_video_source,
 )
 from crossdali.tensorflow.loaders import NO_DALI_CHECKPOINTS, DALILoader
@@ -35,8 +36,10 @@ _LAYOUTS = {"NCFHW": "CFHW", "NFHWC": "FHWC"}
 
 
 def _clip_shape(t: ClipTransform, batch: int) -> tuple[int, ...]:
+    """DALI's batch of ``batch`` samples: clips, or reads of ``clips_per_read`` clips (an extra axis)."""
     c, f = t.crop_size, t.sequence_length
-    return (batch, f, c, c, 3) if t.output_layout == "FHWC" else (batch, 3, f, c, c)
+    clip = (f, c, c, 3) if t.output_layout == "FHWC" else (3, f, c, c)
+    return (batch, *((t.clips_per_read,) if t.clips_per_read > 1 else ()), *clip)
 
 
 def create_video_loader(
@@ -59,6 +62,7 @@ def create_video_loader(
     last_batch: str | None = None,
     validate: bool = True,
     checkpointing: bool = False,
+    clips_per_read: int = 1,
 ) -> DALILoader:
     """A loader of ``(clips, labels)`` TF batches for the train or val split of ``data``.
 
@@ -66,21 +70,24 @@ def create_video_loader(
     is channels-last here). ``for clips, labels in loader`` is one epoch; ``loader.dataset`` is
     the ``tf.data.Dataset`` (endless for train: give Keras ``steps_per_epoch=loader.steps_per_epoch``).
     ``validate`` probes every file first (needs PyAV), so a bad one fails with its name and the fix.
-    ``checkpointing`` must stay off (DALIDataset cannot restore DALI checkpoints).
+    ``checkpointing`` must stay off (DALIDataset cannot restore DALI checkpoints). ``clips_per_read``
+    (train): consecutive clips decoded as one read, handed out as clips (see the PyTorch loader).
     """
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
     t = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
-                      hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype)
+                      hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype,
+                      clips_per_read=clips_per_read)
     device = "gpu" if backend == "dali-gpu" else "cpu"
+    reads = read_batch_size(batch_size, clips_per_read, train=train)  # DALI's batch
 
     # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
     count = ClipCounter(device=device, transform=t, shuffle=train, validate=validate)
 
     plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
-                         resolve=resolve_video_source, batch_size=batch_size, dist=dist, last_batch=last_batch,
+                         resolve=resolve_video_source, batch_size=reads, dist=dist, last_batch=last_batch,
                          count=count, what="video", policies=(LastBatchPolicy.PARTIAL, LastBatchPolicy.DROP))
     source = plan.source
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id)
@@ -89,7 +96,7 @@ def create_video_loader(
                       lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=t, validate=False,
                                                         reader=count.reader),
                       names=("clips", "labels"), reader_name=VIDEO_READER_NAME, twin_on_cpu=False,
-                      output_shapes=(_clip_shape(t, batch_size), (batch_size, 1)),
+                      output_shapes=(_clip_shape(t, reads), (reads, clips_per_read)), unfold=clips_per_read,
                       output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
                       explain=lambda e: explain_video_failure(source, e, device=device))
 

@@ -53,6 +53,34 @@ def test_tf_val_labels_and_exactly_once_over_two_shards(tiny_video):
     assert shards[0] + shards[1] == expected
 
 
+def test_tf_reads_of_three_clips_unfold_into_clips(tiny_video):
+    """``clips_per_read=3``: batches of 6 clips (2 reads), the 3 clips of a read from one file, every file
+    giving the clips of its read grid once an epoch, through both the loader and its ``dataset``."""
+    from crossdali.common.sources import DataSource
+    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+    from crossdali.tensorflow.video import create_video_loader
+
+    val = resolve_video_source(tiny_video, "val")
+    src = DataSource(format="filelist", root=val.root, files=val.files, labels=tuple(range(len(val.files))),
+                     num_samples=len(val.files))
+    t = ClipTransform(sequence_length=4, stride=2, clips_per_read=3)
+    per_file = [3 * ((i.num_frames - t.read.frames_needed) // t.read.clip_step + 1)
+                for i in check_videos(src.files, device="cpu")]
+    loader = create_video_loader(src, train=True, batch_size=6, sequence_length=4, stride=2, crop_size=32, workers=2,
+                                 clips_per_read=3, last_batch="partial")
+    assert loader.batch_size == 6 and loader.num_samples == sum(per_file)
+    labels_seen = []
+    for clips, labels in loader:
+        assert tuple(clips.shape[1:]) == (4, 32, 32, 3) and clips.shape[0] == labels.shape[0]
+        assert clips.shape[0] % 3 == 0 and clips.shape[0] <= 6
+        groups = labels.numpy().reshape(-1, 3)
+        assert (groups == groups[:, :1]).all()  # a read's clips come from one file
+        labels_seen += labels.numpy().tolist()
+    assert Counter(labels_seen) == {i: n for i, n in enumerate(per_file) if n}
+    clips, labels = next(iter(loader.dataset))
+    assert tuple(clips.shape) == (6, 4, 32, 32, 3) and tuple(labels.shape) == (6,)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("codec_dir", ["", "h264"], ids=["vp9", "h264"])
 def test_tf_dali_gpu_clips_stay_on_the_gpu(request, codec_dir):
