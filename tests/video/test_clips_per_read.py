@@ -135,6 +135,19 @@ def test_mistakes_are_named(tiny_video):
         _loader(tiny_video, step=4)
 
 
+def test_a_file_too_short_for_one_read_is_named_not_skipped(tiny_video):
+    """A file long enough for a clip but not for a read would give no clip: the check names it and the flag."""
+    from crossdali.common.sources import DataError
+    from crossdali.common.video import ClipTransform, check_videos
+
+    files = sorted(str(f) for f in (tiny_video / "index").glob("count_40*.webm"))
+    t = ClipTransform(sequence_length=8, stride=2)
+    assert check_videos(files, device="cpu", transform=t)  # 40 frames hold 16-frame clips
+    with pytest.raises(DataError, match=r"count_40.*has 40 frames but a read of clips_per_read=3 clips needs 48.*"
+                                        r"Lower --clips-per-read"):
+        check_videos(files, device="cpu", transform=ClipTransform(sequence_length=8, stride=2, clips_per_read=3))
+
+
 def test_the_training_script_refuses_a_batch_that_is_not_whole_reads(tiny_video, tmp_path):
     import subprocess
     import sys
