@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|trainlong|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -21,7 +21,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|trainlong|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -164,6 +164,12 @@ case $phase in
       step train_half_after_$r 170 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
         --rounds 1 --epochs 4 --timeout 80 --out "$out/train_half_after_$r"
     done ;;
+  trainlong)  # issue 14, is the PyTorch script at 97 % of synthetic? Its rounds spread 96.0-97.7 % with 99 timed steps
+    # a row; here 297 (--epochs 10) in four interleaved rounds, each step's time in the JSON, the epoch's last step
+    # timed to its own kernels (not to the loader's prefetch as before), engine loads beside; bench set first
+    step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
+    dmon_step train_long 500 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
+      --rounds 4 --epochs 10 --timeout 110 --out "$out/train_long" ;;
   classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
     # DALI's; its FFmpeg is PyAV's, whose libraries carry auditwheel's hashed names, so SPDL gets links with the
     # names it loads; PyAV's folder on the path too, for the libraries those load by hashed name: $ORIGIN is the

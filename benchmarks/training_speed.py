@@ -87,7 +87,9 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
             # the wait of every timed step, as the script's metrics.jsonl recorded it (issue 14)
             "data_wait_ms": {"median": waits[len(waits) // 2], "p90": waits[int(0.9 * (len(waits) - 1))],
                              "max": waits[-1]},
-            "data_wait_ms_per_step": [round(1000 * r["data_wait_s"], 3) for r in steps]}
+            "data_wait_ms_per_step": [round(1000 * r["data_wait_s"], 3) for r in steps],
+            # and every timed step's time: an epoch's first and last steps beside the others
+            "step_ms_per_step": [round(1000 * r["step_s"], 3) for r in steps]}
 
 
 def parse_backends(text: str, framework: str) -> list[tuple[str, int | None]]:

@@ -643,7 +643,10 @@ class StepTracker:
         if step is None:
             return
         if step.copied is not None:
-            torch.cuda.synchronize()  # every kernel queued: the step's time runs until the GPU is done
+            # The loss copy is the step's last queued work, so its event ends the step. Not
+            # torch.cuda.synchronize(): that also waits for the loader's GPU work on its own streams
+            # (DALI decoding the next epoch's first batches), which is not this step's time.
+            step.copied.synchronize()
         step.seconds += time.perf_counter() - self._t0
         self._record(step)
         self._t0 = time.perf_counter()

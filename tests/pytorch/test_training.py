@@ -340,6 +340,40 @@ def test_reading_a_loss_on_the_gpu_does_not_wait_for_the_steps_queued_after_it(t
 
 
 @pytest.mark.gpu
+def test_an_epochs_last_step_ends_at_its_own_kernels_not_at_the_loaders(tmp_path):
+    """The epoch's last step was timed until torch.cuda.synchronize(), which also waited for the loader's
+    GPU work on its own streams (DALI decoding the next epoch's batches). Here seconds of GPU work on a
+    side stream run beside the last step: the epoch ends, recorded, while that work still runs."""
+    import json
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gpu = Runtime(dist=DistInfo(), device=torch.device("cuda"), engine="none")
+    model = torch.nn.Linear(3, 2).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = create_scheduler(optimizer, epochs=1, steps_per_epoch=2, warmup_epochs=0)
+    batches = [(torch.randn(4, 3, device="cuda"), torch.randint(0, 2, (4,), device="cuda")) for _ in range(2)]
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
+                       amp=MixedPrecision(enabled=False, runtime=gpu), loader=batches)
+    tracker = StepTracker(state, runtime=gpu, checkpointer=Checkpointer(tmp_path, runtime=gpu, meta={}, metric=None),
+                          metrics=MetricsWriter(tmp_path), stop=StopRequest(), epochs=1, print_freq=0)
+    torch.nn.functional.cross_entropy(model(batches[0][0]), batches[0][1]).backward()  # cuBLAS set up, not timed
+    torch.cuda.synchronize()
+    loader_stream = torch.cuda.Stream()
+    for x, y in tracker.steps(batches):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        state.amp.backward_step(loss, optimizer)
+        scheduler.step()
+        with torch.cuda.stream(loader_stream):
+            torch.cuda._sleep(5 * 10 ** 9)  # seconds of the 'loader's' GPU time beside the step
+        tracker.step_done(loss, x.shape[0])
+    assert not loader_stream.query()  # the epoch is over and recorded while the loader's work still runs
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and all(r["step_s"] < 1.0 for r in records)
+    loader_stream.synchronize()
+
+
+@pytest.mark.gpu
 def test_agreeing_to_stop_under_nccl_does_not_wait_for_the_gpu(tmp_path):
     """The bug this fixes: under DDP the tracker asked every rank after every step whether to stop with
     a blocking all-reduce, which waited until the GPU had run every kernel queued, so the GPU went idle

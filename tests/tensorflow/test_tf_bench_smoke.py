@@ -60,6 +60,9 @@ def test_training_speed_smoke(tmp_path, data_root):
         # the wait of every timed step, from the script's own step records
         assert len(row["data_wait_ms_per_step"]) == row["steps"], row
         assert row["data_wait_ms"]["max"] == pytest.approx(max(row["data_wait_ms_per_step"]), abs=1e-3), row
+        # and every timed step's time, which add up to the row's seconds
+        assert len(row["step_ms_per_step"]) == row["steps"], row
+        assert sum(row["step_ms_per_step"]) / 1000 == pytest.approx(row["seconds"], rel=1e-3), row
     assert report["share_of_synthetic"]["synthetic"] == 1.0 and not report["amp"]
 
 
