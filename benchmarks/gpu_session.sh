@@ -165,11 +165,11 @@ case $phase in
         --rounds 1 --epochs 4 --timeout 80 --out "$out/train_half_after_$r"
     done ;;
   trainlong)  # issue 14, is the PyTorch script at 97 % of synthetic? Its rounds spread 96.0-97.7 % with 99 timed steps
-    # a row; here 297 (--epochs 10) in four interleaved rounds, each step's time in the JSON, the epoch's last step
+    # a row; here 231 (--epochs 8) in four interleaved rounds, each step's time in the JSON, the epoch's last step
     # timed to its own kernels (not to the loader's prefetch as before), engine loads beside; bench set first
     step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
-    dmon_step train_long 500 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
-      --rounds 4 --epochs 10 --timeout 110 --out "$out/train_long" ;;
+    dmon_step train_long 440 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
+      --rounds 4 --epochs 8 --timeout 100 --out "$out/train_long" ;;
   classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
     # DALI's; its FFmpeg is PyAV's, whose libraries carry auditwheel's hashed names, so SPDL gets links with the
     # names it loads; PyAV's folder on the path too, for the libraries those load by hashed name: $ORIGIN is the
