@@ -149,6 +149,7 @@ def test_training_speed_runs_the_pytorch_script_with_its_pipelines(tmp_path, dat
         assert row["pipelines"] == (2 if row["backend"] == "dali-cpu" else 1), row
     assert "--pipelines 2" in report["rows"][1]["command"] and "--pipelines" not in report["rows"][0]["command"]
     assert report["share_of_synthetic_rounds"]["dali-cpu:2"]["rounds"] == 2
+    assert report["share_of_synthetic_steady_rounds"]["dali-cpu:2"]["rounds"] == 2  # and in steady state
     assert (tmp_path / "training_speed_pytorch.png").exists()
     for bad, words in [("synthetic:2", "dali-gpu / dali-cpu rows only"), ("dali-cpu:0", "positive integer")]:
         proc = subprocess.run([*cmd, "--backends", bad], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)

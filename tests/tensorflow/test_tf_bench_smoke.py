@@ -63,7 +63,12 @@ def test_training_speed_smoke(tmp_path, data_root):
         # and every timed step's time, which add up to the row's seconds
         assert len(row["step_ms_per_step"]) == row["steps"], row
         assert sum(row["step_ms_per_step"]) / 1000 == pytest.approx(row["seconds"], rel=1e-3), row
+        # steady state: without the epoch's first five steps and its last (steps 6-8 of 9, full batches of 32)
+        mid = row["steady"]
+        assert mid["steps"] == 3 and mid["img_s"] == pytest.approx(3 * 32 / (sum(row["step_ms_per_step"][5:8]) / 1000),
+                                                                   rel=1e-3), row
     assert report["share_of_synthetic"]["synthetic"] == 1.0 and not report["amp"]
+    assert report["share_of_synthetic_steady"]["synthetic"] == 1.0
 
 
 def test_training_speed_variants(tmp_path, data_root):
