@@ -12,24 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from crossdali.common.distributed import DistInfo
-from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataSource
-from crossdali.common.video import (
-    VIDEO_READER_NAME,
-    ClipCounter,
-    ClipTransform,
-    create_clip_pipeline,
-    default_video_pipelines,
-    explain_video_failure,
-    read_batch_size,
-    resolve_video_source,
-)
+from crossdali.common.video import VIDEO_READER_NAME
+from crossdali.common.video_loaders import VIDEO_BACKENDS, plan_video_split
 from crossdali.jax.loaders import DALILoader, _no_native, require_gpu
 
 __all__ = ["VIDEO_BACKENDS", "create_video_loader"]
-
-VIDEO_BACKENDS = ("dali-gpu", "dali-cpu")
-_LAYOUTS = {"NCFHW": "CFHW", "NFHWC": "FHWC"}
 
 
 def create_video_loader(
@@ -66,31 +54,13 @@ def create_video_loader(
     The result implements ``crossdali.common.loaders.Loader``.
     """
     _no_native(backend)
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
-    transform = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
-                              hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype,
-                              clips_per_read=clips_per_read)
-    device = "gpu" if backend == "dali-gpu" else "cpu"
-    # DALI's batch: reads of clips_per_read clips
-    reads = read_batch_size(batch_size, clips_per_read, train=train, pipelines=pipelines)
-    if pipelines is None:
-        pipelines = default_video_pipelines(device, batch_size, train=train, clips_per_read=clips_per_read)
-
-    # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
-    count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate)
-
-    require_gpu(backend, "use dali-cpu (VP8/VP9 input only)")
-    plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
-                         resolve=resolve_video_source, batch_size=reads, dist=dist, last_batch=last_batch,
-                         count=count, what="video", pipelines=pipelines)
-    source = plan.source
-    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)
+    split = plan_video_split(data, train=train, backend=backend, batch_size=batch_size, sequence_length=sequence_length,
+                             stride=stride, step=step, crop_size=crop_size, hflip=hflip, layout=layout, dtype=dtype,
+                             dist=dist, last_batch=last_batch, validate=validate, clips_per_read=clips_per_read,
+                             pipelines=pipelines, with_frame_num=with_frame_num,
+                             require=lambda b: require_gpu(b, "use dali-cpu (VP8/VP9 input only)"))
+    options = split.plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)
     names = ("clips", "labels") + (("frame_num",) if with_frame_num else ())
-    return DALILoader(plan, options,
-                      lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=transform,
-                                                        with_frame_num=with_frame_num, validate=False,
-                                                        reader=count.reader),
-                      names=names, reader_name=VIDEO_READER_NAME, flatten=("labels", "frame_num"),
-                      reader_kind=count.reader, unfold=clips_per_read,
-                      explain=lambda e: explain_video_failure(source, e, device=device))
+    return DALILoader(split.plan, options, split.build, names=names, reader_name=VIDEO_READER_NAME,
+                      flatten=("labels", "frame_num"), reader_kind=split.count.reader, unfold=clips_per_read,
+                      explain=split.explain)

@@ -8,30 +8,15 @@ int64. Epochs follow ``crossdali.common.epochs``: val sees every clip exactly on
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from crossdali.common.distributed import DistInfo
-from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataSource
-from crossdali.common.video import (
-    VIDEO_READER_NAME,
-    ClipCounter,
-    ClipTransform,
-    create_clip_pipeline,
-    default_video_pipelines,
-    explain_video_failure,
-    read_batch_size,
-    resolve_video_source,
-)
+from crossdali.common.video import VIDEO_READER_NAME
+from crossdali.common.video_loaders import VIDEO_BACKENDS, plan_video_split
 from crossdali.pytorch.loaders import DALILoader, require_cuda
 
 __all__ = ["VIDEO_BACKENDS", "create_video_loader"]
-
-log = logging.getLogger(__name__)
-
-VIDEO_BACKENDS = ("dali-gpu", "dali-cpu")
-_LAYOUTS = {"NCFHW": "CFHW", "NFHWC": "FHWC"}
 
 
 def create_video_loader(
@@ -88,31 +73,13 @@ def create_video_loader(
     frame every 48 frames, 16-frame clips shuffled; ``crossdali.common.video``): 1,748-1,755 frames/s one
     clip at a time, 4,598-4,601 with 3 clips per read and 14 pipelines, ahead of PyNvVideoCodec's 4,443-4,459.
     """
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
-    transform = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
-                              hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype,
-                              clips_per_read=clips_per_read)
-    device = "gpu" if backend == "dali-gpu" else "cpu"
-    # DALI's batch: reads of clips_per_read clips
-    reads = read_batch_size(batch_size, clips_per_read, train=train, pipelines=pipelines)
-    if pipelines is None:
-        pipelines = default_video_pipelines(device, batch_size, train=train, clips_per_read=clips_per_read)
-
-    # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
-    count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate)
-
-    require_cuda(backend, "use dali-cpu (VP8/VP9 input only)")
-    plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
-                         resolve=resolve_video_source, batch_size=reads, dist=dist, last_batch=last_batch,
-                         count=count, what="video", pipelines=pipelines)
-    source = plan.source
-    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)
+    split = plan_video_split(data, train=train, backend=backend, batch_size=batch_size, sequence_length=sequence_length,
+                             stride=stride, step=step, crop_size=crop_size, hflip=hflip, layout=layout, dtype=dtype,
+                             dist=dist, last_batch=last_batch, validate=validate, clips_per_read=clips_per_read,
+                             pipelines=pipelines, with_frame_num=with_frame_num,
+                             require=lambda b: require_cuda(b, "use dali-cpu (VP8/VP9 input only)"))
+    options = split.plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)
     names = ("clips", "labels") + (("frame_num",) if with_frame_num else ())
-    return DALILoader(plan, options,
-                      lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=transform,
-                                                        with_frame_num=with_frame_num, validate=False,
-                                                        reader=count.reader),
-                      names=names, reader_name=VIDEO_READER_NAME, flatten=("labels", "frame_num"),
-                      reader_kind=count.reader, unfold=clips_per_read,
-                      explain=lambda e: explain_video_failure(source, e, device=device))
+    return DALILoader(split.plan, options, split.build, names=names, reader_name=VIDEO_READER_NAME,
+                      flatten=("labels", "frame_num"), reader_kind=split.count.reader, unfold=clips_per_read,
+                      explain=split.explain)

@@ -16,23 +16,12 @@ import tensorflow as tf
 
 from crossdali.common.distributed import DistInfo
 from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import prepare_split
 from crossdali.common.sources import DataSource
-from crossdali.common.video import (
-    VIDEO_READER_NAME,
-    ClipCounter,
-    ClipTransform,
-    create_clip_pipeline,
-    explain_video_failure,
-    read_batch_size,
-    resolve_video_source,
-)
+from crossdali.common.video import VIDEO_READER_NAME, ClipTransform
+from crossdali.common.video_loaders import VIDEO_BACKENDS, plan_video_split
 from crossdali.tensorflow.loaders import NO_DALI_CHECKPOINTS, DALILoader
 
 __all__ = ["VIDEO_BACKENDS", "create_video_dataset", "create_video_loader"]
-
-VIDEO_BACKENDS = ("dali-gpu", "dali-cpu")
-_LAYOUTS = {"NCFHW": "CFHW", "NFHWC": "FHWC"}
 
 
 def _clip_shape(t: ClipTransform, batch: int) -> tuple[int, ...]:
@@ -73,32 +62,19 @@ def create_video_loader(
     ``checkpointing`` must stay off (DALIDataset cannot restore DALI checkpoints). ``clips_per_read``
     (train): consecutive clips decoded as one read, handed out as clips (see the PyTorch loader).
     """
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
-    t = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
-                      hflip=hflip if train else 0.0, output_layout=_LAYOUTS[layout], dtype=dtype,
-                      clips_per_read=clips_per_read)
-    device = "gpu" if backend == "dali-gpu" else "cpu"
-    reads = read_batch_size(batch_size, clips_per_read, train=train)  # DALI's batch
-
-    # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
-    count = ClipCounter(device=device, transform=t, shuffle=train, validate=validate)
-
-    plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
-                         resolve=resolve_video_source, batch_size=reads, dist=dist, last_batch=last_batch,
-                         count=count, what="video", policies=(LastBatchPolicy.PARTIAL, LastBatchPolicy.DROP))
-    source = plan.source
-    options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id)
+    split = plan_video_split(data, train=train, backend=backend, batch_size=batch_size, sequence_length=sequence_length,
+                             stride=stride, step=step, crop_size=crop_size, hflip=hflip, layout=layout, dtype=dtype,
+                             dist=dist, last_batch=last_batch, validate=validate, clips_per_read=clips_per_read,
+                             policies=(LastBatchPolicy.PARTIAL, LastBatchPolicy.DROP))
+    options = split.plan.pipeline_options(workers=workers, seed=seed, device_id=device_id)
     # the twin runs on the loader's device: the CPU cannot decode H.264
-    return DALILoader(plan, options,
-                      lambda opts: create_clip_pipeline(source, train=train, options=opts, transform=t, validate=False,
-                                                        reader=count.reader),
-                      names=("clips", "labels"), reader_name=VIDEO_READER_NAME, twin_on_cpu=False,
-                      output_shapes=(_clip_shape(t, reads), (reads, clips_per_read)), unfold=clips_per_read,
-                      output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
-                      explain=lambda e: explain_video_failure(source, e, device=device))
+    return DALILoader(split.plan, options, split.build, names=("clips", "labels"), reader_name=VIDEO_READER_NAME,
+                      twin_on_cpu=False, output_shapes=(_clip_shape(split.transform, split.reads),
+                                                        (split.reads, clips_per_read)),
+                      unfold=clips_per_read, output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
+                      explain=split.explain)
 
 
 def create_video_dataset(data: str | Path | DataSource, **kwargs) -> tf.data.Dataset:

@@ -1,0 +1,102 @@
+"""The shared start of every framework's ``create_video_loader``: arguments checked, files probed and
+counted, the split planned, and the pipeline builder its DALI loader runs.
+
+The PyTorch, JAX and TensorFlow loaders differ only in their iterator (and in TF's fixed output
+shapes), so what they decide about clips lives here once (``plan_video_split``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from crossdali.common.distributed import DistInfo
+from crossdali.common.epochs import LastBatchPolicy
+from crossdali.common.loaders import SplitPlan, prepare_split
+from crossdali.common.sources import DataSource
+from crossdali.common.video import (
+    ClipCounter,
+    ClipTransform,
+    create_clip_pipeline,
+    default_video_pipelines,
+    explain_video_failure,
+    read_batch_size,
+    resolve_video_source,
+)
+
+__all__ = ["VIDEO_BACKENDS", "VIDEO_LAYOUTS", "VideoSplit", "plan_video_split"]
+
+VIDEO_BACKENDS = ("dali-gpu", "dali-cpu")
+#: a loader's ``layout`` (batch axis first) -> the clip layout the pipeline writes
+VIDEO_LAYOUTS = {"NCFHW": "CFHW", "NFHWC": "FHWC"}
+
+
+@dataclass(frozen=True)
+class VideoSplit:
+    """A planned clip split: what a framework's DALI loader is built from."""
+
+    plan: SplitPlan
+    transform: ClipTransform
+    count: ClipCounter  #: its ``reader`` is the DALI reader the clips were counted for
+    device: str  #: "gpu" or "cpu"
+    reads: int  #: DALI's batch: ``batch_size / clips_per_read`` reads
+    with_frame_num: bool = False
+
+    def build(self, options):
+        """The clip pipeline for one of the loader's pipeline options (files already probed)."""
+        return create_clip_pipeline(self.plan.source, train=self.plan.train, options=options, transform=self.transform,
+                                    with_frame_num=self.with_frame_num, validate=False, reader=self.count.reader)
+
+    def explain(self, error: Exception) -> Exception:
+        """A DALI failure while reading, named by file where it can be (``explain_video_failure``)."""
+        return explain_video_failure(self.plan.source, error, device=self.device)
+
+
+def plan_video_split(
+    data: str | Path | DataSource,
+    *,
+    train: bool,
+    backend: str,
+    batch_size: int,
+    sequence_length: int,
+    stride: int,
+    step: int | None,
+    crop_size: int,
+    hflip: float,
+    layout: str,
+    dtype: str,
+    dist: DistInfo | None,
+    last_batch: str | None,
+    validate: bool,
+    clips_per_read: int = 1,
+    pipelines: int | None = 1,
+    with_frame_num: bool = False,
+    require: Callable[[str], None] | None = None,
+    policies: tuple[LastBatchPolicy, ...] | None = None,
+) -> VideoSplit:
+    """Check the arguments, probe and count the files, and plan this rank's shard.
+
+    ``pipelines=None`` picks ``default_video_pipelines``; ``require(backend)`` (the framework's GPU
+    check) runs after the arguments are checked and before any file is read; ``policies``: the
+    last-batch policies the framework's loader supports (``prepare_split``'s default if None).
+    """
+    if layout not in VIDEO_LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(VIDEO_LAYOUTS)}, got {layout!r}")
+    transform = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
+                              hflip=hflip if train else 0.0, output_layout=VIDEO_LAYOUTS[layout], dtype=dtype,
+                              clips_per_read=clips_per_read)
+    device = "gpu" if backend == "dali-gpu" else "cpu"
+    reads = read_batch_size(batch_size, clips_per_read, train=train, pipelines=pipelines)
+    if pipelines is None:
+        pipelines = default_video_pipelines(device, batch_size, train=train, clips_per_read=clips_per_read)
+    # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
+    count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate)
+    if require is not None:
+        require(backend)
+    plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
+                         resolve=resolve_video_source, batch_size=reads, dist=dist, last_batch=last_batch,
+                         count=count, what="video", pipelines=pipelines,
+                         **({"policies": policies} if policies is not None else {}))
+    return VideoSplit(plan=plan, transform=transform, count=count, device=device, reads=reads,
+                      with_frame_num=with_frame_num)
