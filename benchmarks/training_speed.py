@@ -101,8 +101,8 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
 def steady_steps(steps: list[dict]) -> list[dict]:
     """The step records without each epoch's first ``FILL_STEPS`` and its last: the rate of a long epoch.
     A step's time runs from one ``step_done`` to the next, and the host runs a step or two ahead of the GPU,
-    so after the val pass the first records are the GPU filling up (measured on an H100: the first four
-    are 24-44 ms against 52-54 in steady state, a different split for dali-gpu than for synthetic), and the
+    so after the val pass the first records are the GPU filling up (H100, 2026-11-27, README: the first four
+    are 23-52 ms against 52-54 in steady state, split differently for dali-gpu than for synthetic), and the
     last one is the drain. The bench set's epochs are 33 steps, so these weigh ~150x more in a row's
     images/s than in ImageNet's 5,005-step epochs (batch 256)."""
     by_epoch: dict[int, list[dict]] = {}

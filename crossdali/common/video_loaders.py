@@ -16,6 +16,7 @@ from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.loaders import SplitPlan, prepare_split
 from crossdali.common.sources import DataSource
 from crossdali.common.video import (
+    VIDEO_READER_NAME,
     ClipCounter,
     ClipTransform,
     create_clip_pipeline,
@@ -40,8 +41,14 @@ class VideoSplit:
     transform: ClipTransform
     count: ClipCounter  #: its ``reader`` is the DALI reader the clips were counted for
     device: str  #: "gpu" or "cpu"
-    reads: int  #: DALI's batch: ``batch_size / clips_per_read`` reads
     with_frame_num: bool = False
+
+    def loader_args(self) -> dict:
+        """The DALI loader's keyword arguments besides the plan, options and builder (PyTorch's and JAX's
+        ``DALILoader``): output names, the reader it sizes epochs by, reads unfolded into clips."""
+        names = ("clips", "labels") + (("frame_num",) if self.with_frame_num else ())
+        return dict(names=names, reader_name=VIDEO_READER_NAME, flatten=("labels", "frame_num"),
+                    reader_kind=self.count.reader, unfold=self.transform.clips_per_read, explain=self.explain)
 
     def build(self, options):
         """The clip pipeline for one of the loader's pipeline options (files already probed)."""
@@ -98,5 +105,5 @@ def plan_video_split(
                          resolve=resolve_video_source, batch_size=reads, dist=dist, last_batch=last_batch,
                          count=count, what="video", pipelines=pipelines,
                          **({"policies": policies} if policies is not None else {}))
-    return VideoSplit(plan=plan, transform=transform, count=count, device=device, reads=reads,
-                      with_frame_num=with_frame_num)
+    # plan.batch_size is DALI's batch: reads of clips_per_read clips
+    return VideoSplit(plan=plan, transform=transform, count=count, device=device, with_frame_num=with_frame_num)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from crossdali.common.distributed import DistInfo
 from crossdali.common.sources import DataSource
-from crossdali.common.video import VIDEO_READER_NAME
 from crossdali.common.video_loaders import VIDEO_BACKENDS, plan_video_split
 from crossdali.pytorch.loaders import DALILoader, require_cuda
 
@@ -79,7 +78,4 @@ def create_video_loader(
                              pipelines=pipelines, with_frame_num=with_frame_num,
                              require=lambda b: require_cuda(b, "use dali-cpu (VP8/VP9 input only)"))
     options = split.plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, checkpointing=checkpointing)
-    names = ("clips", "labels") + (("frame_num",) if with_frame_num else ())
-    return DALILoader(split.plan, options, split.build, names=names, reader_name=VIDEO_READER_NAME,
-                      flatten=("labels", "frame_num"), reader_kind=split.count.reader, unfold=clips_per_read,
-                      explain=split.explain)
+    return DALILoader(split.plan, options, split.build, **split.loader_args())

@@ -71,8 +71,8 @@ def create_video_loader(
     options = split.plan.pipeline_options(workers=workers, seed=seed, device_id=device_id)
     # the twin runs on the loader's device: the CPU cannot decode H.264
     return DALILoader(split.plan, options, split.build, names=("clips", "labels"), reader_name=VIDEO_READER_NAME,
-                      twin_on_cpu=False, output_shapes=(_clip_shape(split.transform, split.reads),
-                                                        (split.reads, clips_per_read)),
+                      twin_on_cpu=False, output_shapes=(_clip_shape(split.transform, split.plan.batch_size),
+                                                        (split.plan.batch_size, clips_per_read)),
                       unfold=clips_per_read, output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
                       explain=split.explain)
 
