@@ -76,6 +76,9 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "--multi-label). On an H100, 2 dali-gpu pipelines loaded 10.5-11.9x the native loader "
                              "against one's 8.3-9.1x, but trained ResNet-50 1 point slower (README): use 2 where the "
                              "loader is the bottleneck. --resume needs the count the checkpoint was saved with")
+    parser.add_argument("--model-stream", choices=("default", "high"), default="default",
+                        help="CUDA stream of the model's kernels. high: the highest priority, so DALI's GPU decoding "
+                             "fills the model's gaps instead of sharing the SMs with it (README, issue 14)")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, channels_last=True, checkpoint_every=True, run_dir=True,
                  debug=True, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
     add_multi_label_arg(parser)

@@ -43,6 +43,7 @@ from crossdali.pytorch.training import (
     evaluate_classifier,
     evaluate_multilabel,
     load_checkpoint,
+    model_stream,
     seed_everything,
     start_run,
     training_session,
@@ -133,7 +134,8 @@ def load_data(args, runtime: Runtime, backend: str):
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
-    with training_session(engine=args.engine, debug=args.debug) as (runtime, stop):
+    with training_session(engine=args.engine, debug=args.debug) as (runtime, stop), \
+            model_stream(runtime, args.model_stream):
         return _train(args, runtime, stop)
 
 
@@ -155,7 +157,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     metric = "val_map" if args.multi_label else "val_top1"
     r = start_run(args, runtime, model, train_loader, task="classification", metric=metric, ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=256,
-                  meta={"multi_label": args.multi_label}, start={"pipelines": args.pipelines})
+                  meta={"multi_label": args.multi_label}, start={"pipelines": args.pipelines, "model_stream": args.model_stream})
 
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes,

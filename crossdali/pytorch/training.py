@@ -51,7 +51,8 @@ from crossdali.pytorch.loaders import SyntheticBatches  # the scripts' synthetic
 __all__ = ["ENGINES", "CHECKPOINT_LAST", "CHECKPOINT_BEST", "training_session", "choose_backend", "seed_everything",
            "agree_run_dir", "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision",
            "accuracy_counts", "topk_correct", "evaluate_classifier", "SyntheticBatches", "gather_objects", "StopRequest",
-           "TrainState", "Checkpointer", "copy_to_host", "load_checkpoint", "StepTracker", "Run", "start_run"]
+           "model_stream", "TrainState", "Checkpointer", "copy_to_host", "load_checkpoint", "StepTracker", "Run",
+           "start_run"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,6 +87,30 @@ def choose_backend(requested: str, *, gpu_note: str = "DALI mixed decoder",
     """``--data-backend auto`` -> dali-gpu with a visible CUDA GPU, else dali-cpu (said in one line)."""
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return resolve_backend(requested, gpu=gpu, gpu_note=gpu_note, cpu_note=cpu_note)
+
+
+@contextmanager
+def model_stream(runtime: Runtime, choice: str = "default") -> Iterator[None]:
+    """``--model-stream high``: everything the script queues (model, optimizer, DALI's copies out) on a
+    CUDA stream of the highest priority, so that when DALI's decoding kernels (on its own streams, of
+    the default priority) and the model's wait for the same SMs, the block scheduler runs the model's
+    first and DALI's fill its gaps. DALI's iterator copies each batch on the current stream, so the
+    order between a batch and its step is kept. ``default``: torch's default stream."""
+    if choice == "default":
+        yield
+        return
+    if runtime.device.type != "cuda":
+        raise UsageError(f"--model-stream {choice}: the model runs on the {runtime.device.type} here, and stream "
+                         "priorities are CUDA's; leave --model-stream out")
+    device = runtime.device
+    # torch.cuda.Stream maps a priority beyond its range to the nearest valid one (its docstring): the highest
+    stream = torch.cuda.Stream(device, priority=-100)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        torch.cuda.current_stream(device).wait_stream(stream)
 
 
 def seed_everything(seed: int) -> None:

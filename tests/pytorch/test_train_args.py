@@ -109,3 +109,17 @@ def test_pipelines_needs_a_dali_backend_and_a_batch_it_divides(tmp_path, data_ro
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert all(w in last for w in words), last
         assert not (tmp_path / "run").exists()
+
+
+def test_a_high_priority_model_stream_needs_a_cuda_gpu(tmp_path):
+    """--model-stream high on a machine without CUDA: one line naming the flag and the fix, exit 2,
+    before any data is read or any run folder made (on the GPU the script trains with it: README)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the flag applies")
+    proc = _run("--data", str(tmp_path / "nowhere"), "--model-stream", "high", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "train_classification.py: error: --model-stream high: the model runs on the cpu here, and stream priorities "
+        "are CUDA's; leave --model-stream out")
+    assert not (tmp_path / "runs").exists()
