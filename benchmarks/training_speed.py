@@ -94,8 +94,21 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
             "data_wait_ms_per_step": [round(1000 * r["data_wait_s"], 3) for r in steps],
             # and every timed step's time: an epoch's first and last steps beside the others
             "step_ms_per_step": [round(1000 * r["step_s"], 3) for r in steps],
+            **_gpu_wait(steps),
             **({"steady": {"steps": len(calm), "img_s": sum(r["samples"] for r in calm) / sum(r["step_s"] for r in calm),
                               "median_step_ms": 1000 * sorted(r["step_s"] for r in calm)[len(calm) // 2]}} if calm else {})}
+
+
+def _gpu_wait(steps: list[dict]) -> dict:
+    """The PyTorch script's ``gpu_wait_s`` on a GPU (``StepTracker``): the host's lead over the GPU per step.
+    Near 0 on most steps: the GPU waited for the host (its data loader or Python), not for its own work."""
+    waits = [1000 * r["gpu_wait_s"] for r in steps if "gpu_wait_s" in r]
+    if not waits:
+        return {}
+    ordered = sorted(waits)
+    return {"gpu_wait_ms": {"median": ordered[len(ordered) // 2], "p10": ordered[int(0.1 * (len(ordered) - 1))],
+                            "min": ordered[0]},
+            "gpu_wait_ms_per_step": [round(w, 3) for w in waits]}
 
 
 def steady_steps(steps: list[dict]) -> list[dict]:
@@ -263,6 +276,8 @@ def main(args: argparse.Namespace) -> dict:
                         shutil.copy(log, args.out / f"training_speed_{args.framework}_{log.stem}.log")
                 else:
                     mid = f"  steady {row['steady']['img_s']:,.0f} img/s" if "steady" in row else ""
+                    if "gpu_wait_ms" in row:
+                        mid += f"  host ahead by {row['gpu_wait_ms']['median']:.1f} ms (median)"
                     print(f"{name:20s} {row['img_s']:9,.0f} img/s  data wait {100 * row['data_wait_share']:4.1f} %  "
                           f"median step {row['median_step_ms']:.1f} ms{mid}", flush=True)
                 path.write_text(json.dumps(report, indent=2) + "\n")

@@ -583,6 +583,7 @@ class _Step:
     lr: float
     wait: float
     seconds: float
+    gpu_wait: float | None = None  #: the host's wait for this step's kernels once the next step was launched
 
 
 class StepTracker:
@@ -598,7 +599,10 @@ class StepTracker:
     cost ResNet-50 fed by ``dali-gpu`` on an H100 3-4 points of synthetic speed (README, classification
     section). The records, sums and progress are the same, one step later; every checkpoint, stop and
     epoch end reads the pending step first. Step times tile the epoch: from one ``step_done`` to the next
-    (the pending step's until its last kernel)."""
+    (the pending step's until its last kernel). On a GPU each step record also has ``gpu_wait_s``, how long
+    the host then waited for that step's kernels: the host's lead over the GPU. Near 0 means the GPU had
+    already finished the step when the host launched the next one, so the GPU waited for the host (the
+    loader's ``next()`` or Python), not the other way round."""
 
     def __init__(self, state: TrainState, *, runtime: Runtime, checkpointer: Checkpointer, metrics: MetricsWriter,
                  stop: StopRequest, epochs: int, checkpoint_every: int = 0, print_freq: int = 10,
@@ -637,6 +641,12 @@ class StepTracker:
         self._t0 = now
         previous, self._pending = self._pending, done
         if previous is not None:
+            if previous.copied is not None:
+                # The host's lead: ~0 when the GPU had already run the previous step, i.e. waited for
+                # the host (the data loader or Python), not the other way round (gpu_wait_s, README)
+                t = time.perf_counter()
+                previous.copied.synchronize()  # that step's kernels and its loss's copy, not the ones queued since
+                previous.gpu_wait = time.perf_counter() - t
             self._record(previous)
         if self.checkpoint_every and state.global_step % self.checkpoint_every == 0:
             self._flush()
@@ -646,10 +656,9 @@ class StepTracker:
         self._fetch_t0 = time.perf_counter()
 
     def _record(self, step: _Step) -> None:
-        """A step's loss read on the host, added to the epoch's sums, the metrics and the progress."""
+        """A finished step (its ``copied`` event waited for by the caller): its loss read on the host,
+        added to the epoch's sums, the metrics and the progress."""
         state = self.state
-        if step.copied is not None:
-            step.copied.synchronize()  # that step's kernels and its loss's copy, not the ones queued since
         value = float(step.loss)
         state.sums["loss"] += value * step.samples
         state.sums["samples"] += step.samples
@@ -657,7 +666,8 @@ class StepTracker:
         state.seconds += step.seconds
         world = self.runtime.dist.world_size
         self.metrics.write(event="step", epoch=step.epoch, step=step.step, loss=value, lr=step.lr,
-                           samples=step.samples * world, step_s=step.seconds, data_wait_s=step.wait)
+                           samples=step.samples * world, step_s=step.seconds, data_wait_s=step.wait,
+                           **({"gpu_wait_s": step.gpu_wait} if step.gpu_wait is not None else {}))
         self._progress.update(loss=value, lr=step.lr, samples=step.samples * world, step_seconds=step.seconds,
                               data_wait_seconds=step.wait)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -301,6 +302,22 @@ def test_fused_optimizer_survives_the_steps_gradscaler_skips(name):
         torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
 
 
+def _gpu_tracker(tmp_path: Path, *, steps: int):
+    """A one-process ``StepTracker`` on the GPU, with its state (a linear model, plain SGD) and ``steps``
+    tiny batches: the GPU-only tracker tests below."""
+    gpu = Runtime(dist=DistInfo(), device=torch.device("cuda"), engine="none")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = create_scheduler(optimizer, epochs=1, steps_per_epoch=steps, warmup_epochs=0)
+    batches = [(torch.randn(4, 3, device="cuda"), torch.randint(0, 2, (4,), device="cuda")) for _ in range(steps)]
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
+                       amp=MixedPrecision(enabled=False, runtime=gpu), loader=batches)
+    tracker = StepTracker(state, runtime=gpu, checkpointer=Checkpointer(tmp_path, runtime=gpu, meta={}, metric=None),
+                          metrics=MetricsWriter(tmp_path), stop=StopRequest(), epochs=1, print_freq=0)
+    return tracker, state, batches
+
+
 @pytest.mark.gpu
 def test_reading_a_loss_on_the_gpu_does_not_wait_for_the_steps_queued_after_it(tmp_path):
     """The bug this fixes: the tracker read step k's loss tensor after step k+1 was launched, and that
@@ -311,16 +328,8 @@ def test_reading_a_loss_on_the_gpu_does_not_wait_for_the_steps_queued_after_it(t
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    gpu = Runtime(dist=DistInfo(), device=torch.device("cuda"), engine="none")
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2).cuda()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = create_scheduler(optimizer, epochs=1, steps_per_epoch=2, warmup_epochs=0)
-    batches = [(torch.randn(4, 3, device="cuda"), torch.randint(0, 2, (4,), device="cuda")) for _ in range(2)]
-    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
-                       amp=MixedPrecision(enabled=False, runtime=gpu), loader=batches)
-    tracker = StepTracker(state, runtime=gpu, checkpointer=Checkpointer(tmp_path, runtime=gpu, meta={}, metric=None),
-                          metrics=MetricsWriter(tmp_path), stop=StopRequest(), epochs=1, print_freq=0)
+    tracker, state, batches = _gpu_tracker(tmp_path, steps=2)
+    model, optimizer, scheduler = state.model, state.optimizer, state.scheduler
     losses = []
     for k, (x, y) in enumerate(tracker.steps(batches), start=1):
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -348,15 +357,8 @@ def test_an_epochs_last_step_ends_at_its_own_kernels_not_at_the_loaders(tmp_path
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    gpu = Runtime(dist=DistInfo(), device=torch.device("cuda"), engine="none")
-    model = torch.nn.Linear(3, 2).cuda()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = create_scheduler(optimizer, epochs=1, steps_per_epoch=2, warmup_epochs=0)
-    batches = [(torch.randn(4, 3, device="cuda"), torch.randint(0, 2, (4,), device="cuda")) for _ in range(2)]
-    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
-                       amp=MixedPrecision(enabled=False, runtime=gpu), loader=batches)
-    tracker = StepTracker(state, runtime=gpu, checkpointer=Checkpointer(tmp_path, runtime=gpu, meta={}, metric=None),
-                          metrics=MetricsWriter(tmp_path), stop=StopRequest(), epochs=1, print_freq=0)
+    tracker, state, batches = _gpu_tracker(tmp_path, steps=2)
+    model, optimizer, scheduler = state.model, state.optimizer, state.scheduler
     torch.nn.functional.cross_entropy(model(batches[0][0]), batches[0][1]).backward()  # cuBLAS set up, not timed
     torch.cuda.synchronize()
     loader_stream = torch.cuda.Stream()
@@ -371,6 +373,32 @@ def test_an_epochs_last_step_ends_at_its_own_kernels_not_at_the_loaders(tmp_path
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and all(r["step_s"] < 1.0 for r in records)
     loader_stream.synchronize()
+
+
+@pytest.mark.gpu
+def test_a_step_record_says_how_long_the_host_then_waited_for_its_kernels(tmp_path):
+    """``gpu_wait_s``, the host's lead over the GPU: step 1 queues about a second of GPU time, so the host,
+    having launched step 2 at once, waits for most of it; step 2 is long done when the host, slowed down on
+    purpose, launches step 3 (near 0: the GPU waited for the host); the epoch's last step, read at the
+    epoch's end with no step after it, has none."""
+    import json
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    tracker, state, batches = _gpu_tracker(tmp_path, steps=3)
+    for k, (x, y) in enumerate(tracker.steps(batches), start=1):
+        loss = torch.nn.functional.cross_entropy(state.model(x), y)
+        state.amp.backward_step(loss, state.optimizer)
+        state.scheduler.step()
+        if k == 1:
+            torch.cuda._sleep(2 * 10 ** 9)  # ~1 s of GPU time at the H100's 1.7-2 GHz
+        if k == 3:
+            time.sleep(0.3)  # a slow host: the GPU runs out of work
+        tracker.step_done(loss, x.shape[0])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[0]["gpu_wait_s"] > 0.5 and records[1]["gpu_wait_s"] < 0.05, records
+    assert "gpu_wait_s" not in records[2]
 
 
 @pytest.mark.gpu
