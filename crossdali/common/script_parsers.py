@@ -79,6 +79,9 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--model-stream", choices=("default", "high"), default="default",
                         help="CUDA stream of the model's kernels. high: the highest priority, so DALI's GPU decoding "
                              "fills the model's gaps instead of sharing the SMs with it (README, issue 14)")
+    parser.add_argument("--steps-ahead", type=positive_int, default=1, metavar="N",
+                        help="steps the host may queue beyond the GPU's: each step's loss is read N steps late, so a "
+                             "host stall (the loader, Python) shorter than that lead does not leave the GPU idle")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, channels_last=True, checkpoint_every=True, run_dir=True,
                  debug=True, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
     add_multi_label_arg(parser)

@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -592,25 +593,29 @@ class StepTracker:
     ``checkpoint_every`` steps, and the graceful stop (``StopRequest``) after a step.
 
     A step's loss is copied to the host as its last queued work (a pinned, non-blocking copy and a CUDA
-    event) and read one step late, after the next step is launched: the host waits for that step's
-    kernels only, while the GPU runs the next one (with a fused optimizer nothing else makes it wait;
-    ``create_optimizer``). Reading the loss tensor itself (``float(loss)``, ``loss.item()``) would copy it
+    event) and read ``steps_ahead`` steps late (1: once the next step is launched): the host waits for that
+    step's kernels only, while the GPU runs the ones after it (with a fused optimizer nothing else makes it
+    wait; ``create_optimizer``), so the host may queue up to ``steps_ahead`` steps beyond the GPU's.
+    Reading the loss tensor itself (``float(loss)``, ``loss.item()``) would copy it
     behind every kernel queued since, so the host would wait until the GPU had nothing left to do: that
     cost ResNet-50 fed by ``dali-gpu`` on an H100 3-4 points of synthetic speed (README, classification
-    section). The records, sums and progress are the same, one step later; every checkpoint, stop and
-    epoch end reads the pending step first. Step times tile the epoch: from one ``step_done`` to the next
-    (the pending step's until its last kernel). On a GPU each step record also has ``gpu_wait_s``, how long
-    the host then waited for that step's kernels: the host's lead over the GPU. Near 0 means the GPU had
-    already finished the step when the host launched the next one, so the GPU waited for the host (the
+    section). The records, sums and progress are the same, ``steps_ahead`` steps later; every checkpoint,
+    stop and epoch end reads the pending steps first. Step times tile the epoch: from one ``step_done`` to the next
+    (the last pending step's until its last kernel). On a GPU each step record also has ``gpu_wait_s``, how
+    long the host then waited for that step's kernels: the host's lead over the GPU. Near 0 means the GPU had
+    already finished the step when the host launched the one ``steps_ahead`` later, so the GPU waited for the host (the
     loader's ``next()`` or Python), not the other way round."""
 
     def __init__(self, state: TrainState, *, runtime: Runtime, checkpointer: Checkpointer, metrics: MetricsWriter,
                  stop: StopRequest, epochs: int, checkpoint_every: int = 0, print_freq: int = 10,
-                 unit: str = "img") -> None:
+                 unit: str = "img", steps_ahead: int = 1) -> None:
+        if steps_ahead < 1:
+            raise ValueError(f"steps_ahead must be at least 1, got {steps_ahead}")
         self.state, self.runtime, self.checkpointer, self.metrics, self.stop = state, runtime, checkpointer, metrics, stop
         self.epochs, self.checkpoint_every, self.print_freq, self.unit = epochs, checkpoint_every, print_freq, unit
+        self.steps_ahead = steps_ahead
         self._progress: EpochProgress | None = None
-        self._pending: _Step | None = None
+        self._pending: deque[_Step] = deque()  #: launched, loss not read yet, oldest first
         self._t0 = self._fetch_t0 = self._wait = self._lr = 0.0
 
     def steps(self, loader: Iterable) -> Iterator:
@@ -639,15 +644,16 @@ class StepTracker:
         done = _Step(loss=loss, copied=copied, samples=samples, epoch=state.epoch + 1, step=state.step, lr=self._lr,
                      wait=self._wait, seconds=now - self._t0)
         self._t0 = now
-        previous, self._pending = self._pending, done
-        if previous is not None:
-            if previous.copied is not None:
-                # The host's lead: ~0 when the GPU had already run the previous step, i.e. waited for
-                # the host (the data loader or Python), not the other way round (gpu_wait_s, README)
+        self._pending.append(done)
+        if len(self._pending) > self.steps_ahead:
+            oldest = self._pending.popleft()
+            if oldest.copied is not None:
+                # The host's lead: ~0 when the GPU had already run that step, i.e. waited for the host
+                # (the data loader or Python), not the other way round (gpu_wait_s, README)
                 t = time.perf_counter()
-                previous.copied.synchronize()  # that step's kernels and its loss's copy, not the ones queued since
-                previous.gpu_wait = time.perf_counter() - t
-            self._record(previous)
+                oldest.copied.synchronize()  # that step's kernels and its loss's copy, not the ones queued since
+                oldest.gpu_wait = time.perf_counter() - t
+            self._record(oldest)
         if self.checkpoint_every and state.global_step % self.checkpoint_every == 0:
             self._flush()
             self.checkpointer.save(state)
@@ -672,18 +678,20 @@ class StepTracker:
                               data_wait_seconds=step.wait)
 
     def _flush(self) -> None:
-        """Read the pending step now (before a checkpoint, a stop or the epoch's end): its time runs
-        until its last kernel has finished."""
-        step, self._pending = self._pending, None
-        if step is None:
+        """Read the pending steps now (before a checkpoint, a stop or the epoch's end): the last one's
+        time runs until its last kernel has finished."""
+        if not self._pending:
             return
-        if step.copied is not None:
-            # The loss copy is the step's last queued work, so its event ends the step. Not
-            # torch.cuda.synchronize(): that also waits for the loader's GPU work on its own streams
-            # (DALI decoding the next epoch's first batches), which is not this step's time.
-            step.copied.synchronize()
-        step.seconds += time.perf_counter() - self._t0
-        self._record(step)
+        while self._pending:
+            step = self._pending.popleft()
+            if step.copied is not None:
+                # The loss copy is the step's last queued work, so its event ends the step. Not
+                # torch.cuda.synchronize(): that also waits for the loader's GPU work on its own streams
+                # (DALI decoding the next epoch's first batches), which is not this step's time.
+                step.copied.synchronize()
+            if not self._pending:
+                step.seconds += time.perf_counter() - self._t0
+            self._record(step)
         self._t0 = time.perf_counter()
 
     def stop_if_asked(self, *, late: bool = False) -> None:
@@ -750,7 +758,8 @@ class Run:
         """The per-step bookkeeping of this run's epochs (``--checkpoint-every``, ``--print-freq``)."""
         return StepTracker(self.state, runtime=self.runtime, checkpointer=self.checkpointer, metrics=self.metrics,
                            stop=stop, epochs=self.args.epochs, checkpoint_every=self.args.checkpoint_every,
-                           print_freq=self.args.print_freq, unit=unit)
+                           print_freq=self.args.print_freq, unit=unit,
+                           steps_ahead=getattr(self.args, "steps_ahead", 1))
 
     def finish(self, *, unit: str = "img") -> None:
         """The summary record, the plot and the summary lines (rank 0), then the metrics file closed."""

@@ -28,8 +28,10 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
 #: only: DALIDataset's next() waits for TensorFlow's compute stream, where DALI's PyTorch, MXNet and JAX
 #: iterators hand over batches without waiting for the running step; --model-stream (the model's kernels on a
 #: CUDA stream of the highest priority) is PyTorch's only: Keras, XLA and MXNet queue the model's kernels on
-#: streams of their own that a script does not choose
-ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--model-stream"}, "tensorflow": {"--jit-compile", "--fetch-ahead"}}
+#: streams of their own that a script does not choose; --steps-ahead (how many steps late the loss is read)
+#: is PyTorch's only: the other scripts read each step's loss through their framework's own loop
+ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--model-stream", "--steps-ahead"},
+                                "tensorflow": {"--jit-compile", "--fetch-ahead"}}
 
 
 def _parser(framework: str):
