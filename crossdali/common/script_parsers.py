@@ -77,11 +77,14 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "against one's 8.3-9.1x, but trained ResNet-50 1 point slower (README): use 2 where the "
                              "loader is the bottleneck. --resume needs the count the checkpoint was saved with")
     parser.add_argument("--model-stream", choices=("default", "high"), default="default",
-                        help="CUDA stream of the model's kernels. high: the highest priority, so DALI's GPU decoding "
-                             "fills the model's gaps instead of sharing the SMs with it (README, issue 14)")
+                        help="CUDA stream of the model's kernels. high: the highest priority, so that DALI's GPU "
+                             "decoding waits for the model's kernels when both are ready. On an H100 (ResNet-50 AMP) "
+                             "it made no difference beyond the rounds' spread (README, 2026-11-28)")
     parser.add_argument("--steps-ahead", type=positive_int, default=1, metavar="N",
-                        help="steps the host may queue beyond the GPU's: each step's loss is read N steps late, so a "
-                             "host stall (the loader, Python) shorter than that lead does not leave the GPU idle")
+                        help="steps the host may queue beyond the GPU's: each step's loss is read N steps late. "
+                             "Where the host launches a step much faster than the GPU runs it, a host stall (the "
+                             "loader, Python) shorter than that lead leaves the GPU busy. On an H100 (ResNet-50 AMP) "
+                             "the host got no further ahead with 2 than with 1 (README, 2026-11-28)")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, channels_last=True, checkpoint_every=True, run_dir=True,
                  debug=True, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
     add_multi_label_arg(parser)
