@@ -13,7 +13,9 @@ warm-up (graph tracing, autotuning, the first DALI pipeline); the later epochs' 
 the run's ``metrics.jsonl`` give the row: images/s over those steps and the share of step time spent
 waiting for the next batch; ``steady`` gives the images/s without each epoch's first five steps and its
 last (the bench set's epochs are 33 steps, so an epoch's restart after the val pass weighs far more in a row
-than in a long epoch). Rows run one after another in one call, so their ratios hold on the same machine.
+than in a long epoch); ``gpu_wait_ms`` (the PyTorch script on a GPU) gives the host's lead over the GPU per step,
+near 0 where the GPU waited for the host. Rows run one after another in one call, so their ratios hold on the same
+machine.
 Writes ``training_speed_<framework>.json`` after every row, then a PNG beside it (where
 matplotlib is installed; else ``--plot JSON`` draws it later).
 """
