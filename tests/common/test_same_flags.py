@@ -29,8 +29,10 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
 #: iterators hand over batches without waiting for the running step; --model-stream (the model's kernels on a
 #: CUDA stream of the highest priority) is PyTorch's only: Keras, XLA and MXNet queue the model's kernels on
 #: streams of their own that a script does not choose; --steps-ahead (how many steps late the loss is read)
-#: is PyTorch's only: the other scripts read each step's loss through their framework's own loop
-ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--model-stream", "--steps-ahead"},
+#: is PyTorch's only: the other scripts read each step's loss through their framework's own loop;
+#: --cuda-graphs is PyTorch's only: XLA (TensorFlow's --jit-compile, JAX) and MXNet's symbolic graphs launch
+#: a step their own way
+ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--model-stream", "--steps-ahead", "--cuda-graphs"},
                                 "tensorflow": {"--jit-compile", "--fetch-ahead"}}
 
 

@@ -26,8 +26,11 @@ from crossdali.pytorch.training import (  # noqa: E402
     SyntheticBatches,
     TrainState,
     accuracy_counts,
+    check_cuda_graphs,
+    create_optimizer,
     create_scheduler,
     evaluate_classifier,
+    graph_model,
     load_checkpoint,
 )
 
@@ -468,3 +471,57 @@ def test_synthetic_batches_take_the_given_sizes():
     loader = SyntheticBatches((torch.zeros(4, 3), torch.arange(4)), sizes=sizes, num_classes=4)
     assert len(loader) == 3 and [tuple(t.shape[0] for t in b) for b in loader] == [(4, 4), (4, 4), (1, 1)]
     assert loader.epoch == 1
+
+
+def test_cuda_graphs_are_refused_under_several_processes():
+    """A DDP or Horovod job: its gradient hooks cannot live in a graph, so --cuda-graphs is refused in one
+    line before any data is read (the CPU case: tests/pytorch/test_train_args.py)."""
+    ddp = Runtime(dist=DistInfo(rank=0, world_size=2, local_rank=0), device=torch.device("cuda", 0), engine="ddp")
+    with pytest.raises(UsageError, match=r"^--cuda-graphs: one process only \(this job runs 2 under ddp, .*"
+                                         r"leave --cuda-graphs out$"):
+        check_cuda_graphs(ddp, True)
+    check_cuda_graphs(ddp, False)
+
+
+def _bn_net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_graphed_model_trains_as_the_eager_one_does(channels_last):
+    """--cuda-graphs: the same steps (AMP, loss scaling, fused SGD) on a graphed copy and on the eager model
+    give the same weights and BatchNorm statistics; the capture's warm-up leaves the statistics as they were;
+    a short last batch and eval mode run eagerly."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gpu = Runtime(dist=DistInfo(), device=torch.device("cuda"), engine="none")
+    torch.manual_seed(0)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    eager = _bn_net().cuda().to(memory_format=fmt)
+    graphed = _bn_net().cuda().to(memory_format=fmt)
+    graphed.load_state_dict(eager.state_dict())
+    runs = []
+    for model in (eager, graphed):
+        amp = MixedPrecision(enabled=True, runtime=gpu)
+        runs.append((model, create_optimizer("sgd", model.parameters(), lr=0.1, momentum=0.9), amp))
+    before = [b.clone() for b in graphed.buffers()]
+    graph_model(graphed, batch_shape=(6, 3, 16, 16), runtime=gpu, amp=runs[1][2], channels_last=channels_last)
+    assert all(torch.equal(a, b) for a, b in zip(before, graphed.buffers()))
+    batches = [(torch.randn(n, 3, 16, 16, device="cuda"), torch.randint(0, 5, (n,), device="cuda"))
+               for n in (6, 6, 6, 4, 6)]  # the 4: an epoch's short last batch, then the next epoch
+    for x, y in batches:
+        for model, optimizer, amp in runs:
+            model.train()
+            with amp.autocast():
+                loss = torch.nn.functional.cross_entropy(model(x.contiguous(memory_format=fmt)), y)
+            amp.backward_step(loss, optimizer)
+    for a, b in zip(eager.state_dict().values(), graphed.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+    assert graphed.state_dict()["1.num_batches_tracked"].item() == len(batches)
+    assert runs[1][2].scaler.get_scale() == runs[0][2].scaler.get_scale()
+    eager.eval()
+    graphed.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(batches[0][0]), eager(batches[0][0]), rtol=1e-3, atol=1e-4)
