@@ -518,10 +518,10 @@ def test_a_graphed_model_trains_as_the_eager_one_does(channels_last):
                 loss = torch.nn.functional.cross_entropy(model(x.contiguous(memory_format=fmt)), y)
             amp.backward_step(loss, optimizer)
     for a, b in zip(eager.state_dict().values(), graphed.state_dict().values()):
-        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-3)
     assert graphed.state_dict()["1.num_batches_tracked"].item() == len(batches)
     assert runs[1][2].scaler.get_scale() == runs[0][2].scaler.get_scale()
     eager.eval()
     graphed.eval()
     with torch.no_grad():
-        torch.testing.assert_close(graphed(batches[0][0]), eager(batches[0][0]), rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(graphed(batches[0][0]), eager(batches[0][0]), rtol=1e-2, atol=1e-3)
