@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the README's tables, in phases that each fit one 10-minute device call.
 #
-#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|trainlong|trainlong2|trainprio2|trainahead|traingraphs|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
+#   bash benchmarks/gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|trainlong|trainlong2|trainprio2|trainahead|traingraphs|traingraphs2|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]
 #
 # tf: the TensorFlow GPU tests (classification, detection, video batches on the GPU) and the GPU parity
 # harness with every framework present; tfbench: TF vs PyTorch dali-gpu images/s in one process, then
@@ -21,7 +21,7 @@
 # Pillow is there), its log, and the GPU-marked tests' report. Every step has its own time limit, so
 # a step that hangs costs its limit, not the phase; a failing step is recorded and the phase goes on.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|trainlong|trainlong2|trainprio2|trainahead|traingraphs|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
+phase=${1:?usage: gpu_session.sh classification|classpeers|trainstream|trainrounds|trainshape|trainloop|trainer|trainfix|trainlag|trainlag2|traincopy|trainercopy|trainpipes|traingrid|trainerj4|trainprio|trainhalf|trainlong|trainlong2|trainprio2|trainahead|traingraphs|traingraphs2|classgrid|classall|trainjax|trainjax2|trainjax8|video|videoprof|videoloader|legacyprobe|videox264|videogop16|videoread|videoread2|videoread3|sameday1|sameday2|sameday3|multigpu|multigpu2|multigpu4|ddptests|tfsame1|tfxla|tfsame2|tfnative|tfahead|tfahead2|detection|decodeprobe|tests|tf|tfbench|core|core2|check|checkdepth|checkprof|checkab|checkahead|formats|lists|inference|pack [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data}
@@ -187,13 +187,20 @@ case $phase in
     dmon_step train_ahead 530 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
       --variant a1='--steps-ahead 1' --variant a2='--steps-ahead 2' --rounds "${ROUNDS:-3}" --epochs 8 --timeout 100 \
       --out "$out/train_ahead" ;;
-  traingraphs)  # issue 14: the PyTorch script eager and with --cuda-graphs, each beside its own synthetic row,
+  traingraphs)  # issue 14: the PyTorch script eager and with --cuda-graphs (a flag then; since: on/off/auto, and the
+    # eager row needs --cuda-graphs off), each beside its own synthetic row,
     # interleaved rounds (ROUNDS, default 2), 231 timed steps; first the GPU tests of the graphed model
     step graphs_gpu_tests 120 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/pytorch/test_training.py
     step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
     dmon_step train_graphs 540 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
-      --variant eager='' --variant graphs='--cuda-graphs' --rounds "${ROUNDS:-2}" --epochs 8 --timeout 100 \
+      --variant eager='' --variant graphs='--cuda-graphs on' --rounds "${ROUNDS:-2}" --epochs 8 --timeout 100 \
       --out "$out/train_graphs" ;;
+  traingraphs2)  # issue 14: the script's default (--cuda-graphs auto: graphed on one GPU) against --cuda-graphs off,
+    # each beside its own synthetic row, interleaved rounds (ROUNDS, default 3), 231 timed steps
+    step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
+    dmon_step train_graphs2 560 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
+      --variant default='' --variant off='--cuda-graphs off' --rounds "${ROUNDS:-3}" --epochs 8 --timeout 100 \
+      --out "$out/train_graphs2" ;;
   classall)  # issue 14, classification: every peer in one run, SPDL staged (spdl-core/spdl-io 0.8.0 wheels beside
     # DALI's; its FFmpeg is PyAV's, whose libraries carry auditwheel's hashed names, so SPDL gets links with the
     # names it loads; PyAV's folder on the path too, for the libraries those load by hashed name: $ORIGIN is the

@@ -39,13 +39,13 @@ from crossdali.pytorch.training import (
     StepTracker,
     StopRequest,
     build_on_rank0,
-    check_cuda_graphs,
     choose_backend,
     evaluate_classifier,
     evaluate_multilabel,
     graph_model,
     load_checkpoint,
     model_stream,
+    resolve_cuda_graphs,
     seed_everything,
     start_run,
     training_session,
@@ -144,7 +144,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dict[str, float]:
     seed_everything(args.seed)
     ckpt = load_checkpoint(args.resume) if args.resume is not None else None  # a bad file fails before any data
-    check_cuda_graphs(runtime, args.cuda_graphs)
+    cuda_graphs = resolve_cuda_graphs(runtime, args.cuda_graphs)
     backend = choose_backend(args.data_backend)
     log.info("rank %d/%d (launcher %s, engine %s), device %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.device)
@@ -161,7 +161,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     r = start_run(args, runtime, model, train_loader, task="classification", metric=metric, ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=256,
                   meta={"multi_label": args.multi_label},
-                  start={"pipelines": args.pipelines, "model_stream": args.model_stream, "cuda_graphs": args.cuda_graphs})
+                  start={"pipelines": args.pipelines, "model_stream": args.model_stream, "cuda_graphs": cuda_graphs})
 
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes,
@@ -170,9 +170,11 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
         r.metrics.write(event="test", **stats)
         return stats
 
-    if args.cuda_graphs:
-        graph_model(r.model, batch_shape=(args.batch_size, 3, args.crop_size, args.crop_size), runtime=runtime,
-                    amp=r.amp, channels_last=args.channels_last)
+    if cuda_graphs:
+        cuda_graphs = graph_model(r.model, batch_shape=(args.batch_size, 3, args.crop_size, args.crop_size),
+                                  runtime=runtime, amp=r.amp, channels_last=args.channels_last,
+                                  required=args.cuda_graphs == "on")
+        r.metrics.write(event="cuda_graphs", captured=cuda_graphs)
     tracker = r.tracker(stop)
     stats: dict[str, float] = {}
     while r.state.epoch < args.epochs:

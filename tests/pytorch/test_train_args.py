@@ -125,15 +125,15 @@ def test_a_high_priority_model_stream_needs_a_cuda_gpu(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_cuda_graphs_need_a_cuda_gpu(tmp_path):
-    """--cuda-graphs on a machine without CUDA: one line naming the flag and the fix, exit 2, before any
+def test_cuda_graphs_on_need_a_cuda_gpu(tmp_path):
+    """--cuda-graphs on, on a machine without CUDA: one line naming the flag and the fix, exit 2, before any
     data is read or any run folder made (on the GPU: tests/pytorch/test_training.py, -m gpu)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here: the flag applies")
-    proc = _run("--data", str(tmp_path / "nowhere"), "--cuda-graphs", cwd=tmp_path)
+    proc = _run("--data", str(tmp_path / "nowhere"), "--cuda-graphs", "on", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        "train_classification.py: error: --cuda-graphs: the model runs on the cpu here, and CUDA graphs are "
+        "train_classification.py: error: --cuda-graphs on: the model runs on the cpu here, and CUDA graphs are "
         "CUDA's; leave --cuda-graphs out")
     assert not (tmp_path / "runs").exists()

@@ -26,12 +26,12 @@ from crossdali.pytorch.training import (  # noqa: E402
     SyntheticBatches,
     TrainState,
     accuracy_counts,
-    check_cuda_graphs,
     create_optimizer,
     create_scheduler,
     evaluate_classifier,
     graph_model,
     load_checkpoint,
+    resolve_cuda_graphs,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -473,14 +473,19 @@ def test_synthetic_batches_take_the_given_sizes():
     assert loader.epoch == 1
 
 
-def test_cuda_graphs_are_refused_under_several_processes():
-    """A DDP or Horovod job: its gradient hooks cannot live in a graph, so --cuda-graphs is refused in one
-    line before any data is read (the CPU case: tests/pytorch/test_train_args.py)."""
+def test_cuda_graphs_auto_is_on_for_one_cuda_process_only():
+    """--cuda-graphs auto: graphed where one process trains on a CUDA GPU; eager on the CPU and under DDP or
+    Horovod (their gradient hooks cannot live in a graph), where ``on`` is refused in one line before any data
+    is read (the script's line on the CPU: tests/pytorch/test_train_args.py)."""
+    one_gpu = Runtime(dist=DistInfo(), device=torch.device("cuda", 0), engine="none")
     ddp = Runtime(dist=DistInfo(rank=0, world_size=2, local_rank=0), device=torch.device("cuda", 0), engine="ddp")
-    with pytest.raises(UsageError, match=r"^--cuda-graphs: one process only \(this job runs 2 under ddp, .*"
+    assert resolve_cuda_graphs(one_gpu, "auto") and resolve_cuda_graphs(one_gpu, "on")
+    assert not resolve_cuda_graphs(one_gpu, "off")
+    for runtime in (CPU, ddp):
+        assert not resolve_cuda_graphs(runtime, "auto") and not resolve_cuda_graphs(runtime, "off")
+    with pytest.raises(UsageError, match=r"^--cuda-graphs on: one process only \(this job runs 2 under ddp, .*"
                                          r"leave --cuda-graphs out$"):
-        check_cuda_graphs(ddp, True)
-    check_cuda_graphs(ddp, False)
+        resolve_cuda_graphs(ddp, "on")
 
 
 def _bn_net() -> torch.nn.Module:
@@ -507,7 +512,7 @@ def test_a_graphed_model_trains_as_the_eager_one_does(channels_last):
         amp = MixedPrecision(enabled=True, runtime=gpu)
         runs.append((model, create_optimizer("sgd", model.parameters(), lr=0.1, momentum=0.9), amp))
     before = [b.clone() for b in graphed.buffers()]
-    graph_model(graphed, batch_shape=(6, 3, 16, 16), runtime=gpu, amp=runs[1][2], channels_last=channels_last)
+    assert graph_model(graphed, batch_shape=(6, 3, 16, 16), runtime=gpu, amp=runs[1][2], channels_last=channels_last)
     assert all(torch.equal(a, b) for a, b in zip(before, graphed.buffers()))
     batches = [(torch.randn(n, 3, 16, 16, device="cuda"), torch.randint(0, 5, (n,), device="cuda"))
                for n in (6, 6, 6, 4, 6)]  # the 4: an epoch's short last batch, then the next epoch
@@ -525,3 +530,36 @@ def test_a_graphed_model_trains_as_the_eager_one_does(channels_last):
     graphed.eval()
     with torch.no_grad():
         torch.testing.assert_close(graphed(batches[0][0]), eager(batches[0][0]), rtol=1e-2, atol=1e-3)
+
+
+class _SyncingNet(torch.nn.Module):
+    """A model that reads a value back to the host in its forward: a CUDA graph cannot capture it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _bn_net()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * (1.0 if x.mean().item() > -1e9 else 0.0)
+
+
+@pytest.mark.gpu
+def test_a_model_that_cannot_be_captured_trains_eagerly_under_auto_and_fails_under_on():
+    """--cuda-graphs auto: a capture that fails is logged and the run trains without graphs, from the state it
+    had (BatchNorm statistics put back); --cuda-graphs on: the failure is raised."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gpu = Runtime(dist=DistInfo(), device=torch.device("cuda"), engine="none")
+    model = _SyncingNet().cuda()
+    amp = MixedPrecision(enabled=True, runtime=gpu)
+    before = [b.clone() for b in model.buffers()]
+    with pytest.raises(RuntimeError):
+        graph_model(model, batch_shape=(6, 3, 16, 16), runtime=gpu, amp=amp)
+    assert not graph_model(model, batch_shape=(6, 3, 16, 16), runtime=gpu, amp=amp, required=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.buffers()))
+    optimizer = create_optimizer("sgd", model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(6, 3, 16, 16, device="cuda"), torch.randint(0, 5, (6,), device="cuda")
+    with amp.autocast():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    amp.backward_step(loss, optimizer)
+    assert torch.isfinite(loss).item() and model.net[1].num_batches_tracked.item() == 1
