@@ -148,6 +148,7 @@ def test_training_speed_runs_the_pytorch_script_with_its_pipelines(tmp_path, dat
         assert "error" not in row and row["images"] == 264 and row["img_s"] > 0, row
         assert row["pipelines"] == (2 if row["backend"] == "dali-cpu" else 1), row
         assert row["model_stream"] == "default", row  # the script's start record, copied into the row
+        assert row["cuda_graphs"] is False, row  # --cuda-graphs auto: eager on the CPU
     assert "--pipelines 2" in report["rows"][1]["command"] and "--pipelines" not in report["rows"][0]["command"]
     assert report["share_of_synthetic_rounds"]["dali-cpu:2"]["rounds"] == 2
     assert report["share_of_synthetic_steady_rounds"]["dali-cpu:2"]["rounds"] == 2  # and in steady state
