@@ -77,9 +77,6 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
     """Images/s and data-wait share over the ``step`` records after the warm-up epochs."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     start = next((r for r in records if r.get("event") == "start"), {})
-    graphs = next((r for r in records if r.get("event") == "cuda_graphs"), None)
-    if graphs is not None:  # whether the capture worked, which the start record (written before it) cannot say
-        start = {**start, "cuda_graphs": graphs["captured"]}
     steps = [r for r in records if r.get("event") == "step" and r["epoch"] > warmup_epochs]
     if not steps:
         raise RuntimeError(f"{metrics}: no step records after epoch {warmup_epochs}")

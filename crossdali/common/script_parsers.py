@@ -85,7 +85,7 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "the host two launches. auto: on where one process trains on a CUDA GPU (on an H100, "
                              "ResNet-50 AMP with dali-gpu: 96.5 -> 97.5 %% of synthetic speed; README, 2026-11-28). "
                              "An epoch's short last batch runs eagerly, beside the graphs' memory: off where a run "
-                             "only just fits")
+                             "only just fits, or for a model that cannot be captured (the run says so)")
     parser.add_argument("--steps-ahead", type=positive_int, default=1, metavar="N",
                         help="steps the host may queue beyond the GPU's: each step's loss is read N steps late. "
                              "Where the host launches a step much faster than the GPU runs it, a host stall (the "

@@ -171,10 +171,8 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
         return stats
 
     if cuda_graphs:
-        cuda_graphs = graph_model(r.model, batch_shape=(args.batch_size, 3, args.crop_size, args.crop_size),
-                                  runtime=runtime, amp=r.amp, channels_last=args.channels_last,
-                                  required=args.cuda_graphs == "on")
-        r.metrics.write(event="cuda_graphs", captured=cuda_graphs)
+        graph_model(r.model, batch_shape=(args.batch_size, 3, args.crop_size, args.crop_size), runtime=runtime,
+                    amp=r.amp, channels_last=args.channels_last)
     tracker = r.tracker(stop)
     stats: dict[str, float] = {}
     while r.state.epoch < args.epochs:

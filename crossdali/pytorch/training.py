@@ -133,11 +133,11 @@ def resolve_cuda_graphs(runtime: Runtime, choice: str = "auto") -> bool:
 
 
 def graph_model(model: torch.nn.Module, *, batch_shape: tuple[int, ...], runtime: Runtime, amp: MixedPrecision,
-                channels_last: bool = False, required: bool = True) -> bool:
+                channels_last: bool = False) -> torch.nn.Module:
     """``--cuda-graphs``: the model's training forward and backward captured as two CUDA graphs
     (``torch.cuda.make_graphed_callables``), so that a step costs the host two graph launches and the
     loss instead of the hundreds of kernels of ResNet-50, and a host stall (the loader, Python) shorter
-    than the host's lead no longer leaves the GPU idle. In place; returns whether the model is graphed.
+    than the host's lead no longer leaves the GPU idle. In place; returns ``model``.
 
     Batches of ``batch_shape`` replay the graphs (copied into the graph's static input first); any other
     shape (an epoch's short last batch) and eval mode run the ordinary forward. The graphs keep their
@@ -145,7 +145,9 @@ def graph_model(model: torch.nn.Module, *, batch_shape: tuple[int, ...], runtime
     capture's warm-up runs the model on a random batch: the BatchNorm statistics it moves are put back,
     so a graphed run trains from the same state as an eager one. Call it before the first step; the
     parameters must not be replaced afterwards (a checkpoint loads into them in place). A model that
-    cannot be captured raises where ``required``, else is logged and left eager (``--cuda-graphs auto``).
+    cannot be captured (it reads a value back to the host, or changes shape) is a UsageError naming
+    ``--cuda-graphs off``: a failed capture leaves CUDA's random generator unusable in this process
+    (seen on an H100: the next ``torch.randn`` fails), so the run cannot go on without graphs instead.
     """
     t0 = time.perf_counter()
     eager_forward = model.forward
@@ -159,17 +161,13 @@ def graph_model(model: torch.nn.Module, *, batch_shape: tuple[int, ...], runtime
         with amp.autocast(cache=False):
             torch.cuda.make_graphed_callables(model, (sample,))
     except Exception as e:
-        if required:
-            raise
-        log.warning("CUDA graphs: %s could not be captured (%s: %s); training without them "
-                    "(--cuda-graphs off skips the attempt)", type(model).__name__, type(e).__name__, e)
-        return False
-    finally:
-        torch.cuda.synchronize(runtime.device)
-        model.train(was_training)
-        with torch.no_grad():
-            for saved, b in zip(buffers, model.buffers()):
-                b.copy_(saved)
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise UsageError(f"--cuda-graphs: {type(model).__name__} cannot be captured as a CUDA graph "
+                         f"({type(e).__name__}: {why}); rerun with --cuda-graphs off") from e
+    model.train(was_training)
+    with torch.no_grad():
+        for saved, b in zip(buffers, model.buffers()):
+            b.copy_(saved)
     graphed_forward = model.forward  # make_graphed_callables's: the graphs in the mode they were captured in
 
     def forward(images: torch.Tensor) -> torch.Tensor:
@@ -178,7 +176,7 @@ def graph_model(model: torch.nn.Module, *, batch_shape: tuple[int, ...], runtime
     model.forward = forward
     log.info("CUDA graphs: the training forward and backward captured for batches of %s in %.1f s",
              "x".join(map(str, batch_shape)), time.perf_counter() - t0)
-    return True
+    return model
 
 
 def seed_everything(seed: int) -> None:
