@@ -111,29 +111,20 @@ def test_pipelines_needs_a_dali_backend_and_a_batch_it_divides(tmp_path, data_ro
         assert not (tmp_path / "run").exists()
 
 
-def test_a_high_priority_model_stream_needs_a_cuda_gpu(tmp_path):
-    """--model-stream high on a machine without CUDA: one line naming the flag and the fix, exit 2,
-    before any data is read or any run folder made (on the GPU the script trains with it: README)."""
+@pytest.mark.parametrize("flag, message", [
+    (["--model-stream", "high"], "--model-stream high: the model runs on the cpu here, and stream priorities are "
+                                 "CUDA's; leave --model-stream out"),
+    (["--cuda-graphs", "on"], "--cuda-graphs on: the model runs on the cpu here, and CUDA graphs are CUDA's; leave "
+                              "--cuda-graphs out"),
+], ids=["model-stream", "cuda-graphs"])
+def test_cuda_only_flags_need_a_cuda_gpu(tmp_path, flag, message):
+    """--model-stream high or --cuda-graphs on, on a machine without CUDA: one line naming the flag and the fix,
+    exit 2, before any data is read or any run folder made (on the GPU the script trains with them: README;
+    the graphs' GPU tests: tests/pytorch/test_training.py, -m gpu)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here: the flag applies")
-    proc = _run("--data", str(tmp_path / "nowhere"), "--model-stream", "high", cwd=tmp_path)
+    proc = _run("--data", str(tmp_path / "nowhere"), *flag, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "train_classification.py: error: --model-stream high: the model runs on the cpu here, and stream priorities "
-        "are CUDA's; leave --model-stream out")
-    assert not (tmp_path / "runs").exists()
-
-
-def test_cuda_graphs_on_need_a_cuda_gpu(tmp_path):
-    """--cuda-graphs on, on a machine without CUDA: one line naming the flag and the fix, exit 2, before any
-    data is read or any run folder made (on the GPU: tests/pytorch/test_training.py, -m gpu)."""
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is here: the flag applies")
-    proc = _run("--data", str(tmp_path / "nowhere"), "--cuda-graphs", "on", cwd=tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "train_classification.py: error: --cuda-graphs on: the model runs on the cpu here, and CUDA graphs are "
-        "CUDA's; leave --cuda-graphs out")
+    assert proc.stderr.strip().splitlines()[-1] == f"train_classification.py: error: {message}"
     assert not (tmp_path / "runs").exists()
