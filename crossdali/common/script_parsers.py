@@ -81,9 +81,9 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "decoding waits for the model's kernels when both are ready. On an H100 (ResNet-50 AMP) "
                              "it made no difference beyond the rounds' spread (README, 2026-11-28)")
     parser.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
-                        help="capture the model's training forward and backward as CUDA graphs, so that a step costs "
-                             "the host two launches. auto: on where one process trains on a CUDA GPU (on an H100, "
-                             "ResNet-50 AMP with dali-gpu: 96.5 -> 97.5 %% of synthetic speed; README, 2026-11-28). "
+                        help="capture the model's training forward and backward as CUDA graphs, so that the host "
+                             "launches a step in a few calls. auto: on where one process trains on a CUDA GPU (on an "
+                             "H100, ResNet-50 AMP with dali-gpu: 96.2 -> 97.6 %% of synthetic speed; README, 2026-11-28). "
                              "An epoch's short last batch runs eagerly, beside the graphs' memory: off where a run "
                              "only just fits, or for a model that cannot be captured (the run says so)")
     parser.add_argument("--steps-ahead", type=positive_int, default=1, metavar="N",

@@ -144,7 +144,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dict[str, float]:
     seed_everything(args.seed)
     ckpt = load_checkpoint(args.resume) if args.resume is not None else None  # a bad file fails before any data
-    cuda_graphs = resolve_cuda_graphs(runtime, args.cuda_graphs)
+    cuda_graphs = resolve_cuda_graphs(runtime, args.cuda_graphs) and not args.test_only  # graphs train only
     backend = choose_backend(args.data_backend)
     log.info("rank %d/%d (launcher %s, engine %s), device %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.device)

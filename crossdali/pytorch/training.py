@@ -117,8 +117,8 @@ def model_stream(runtime: Runtime, choice: str = "default") -> Iterator[None]:
 
 def resolve_cuda_graphs(runtime: Runtime, choice: str = "auto") -> bool:
     """``--cuda-graphs auto|on|off``: whether ``graph_model`` captures the model. ``auto``: where one
-    process trains on a CUDA GPU (ResNet-50 AMP on an H100 fed by ``dali-gpu``: 96.5 % of synthetic
-    speed eager, 97.5 % graphed; README, 2026-11-28). ``on`` where that cannot be is refused in one line,
+    process trains on a CUDA GPU (ResNet-50 AMP on an H100 fed by ``dali-gpu``: 96.2 % of synthetic
+    speed eager, 97.6 % graphed; README, 2026-11-28). ``on`` where that cannot be is refused in one line,
     before any data is read or any run folder made."""
     if choice == "off":
         return False
@@ -136,9 +136,10 @@ def resolve_cuda_graphs(runtime: Runtime, choice: str = "auto") -> bool:
 def graph_model(model: torch.nn.Module, *, batch_shape: tuple[int, ...], runtime: Runtime, amp: MixedPrecision,
                 channels_last: bool = False) -> torch.nn.Module:
     """``--cuda-graphs``: the model's training forward and backward captured as two CUDA graphs
-    (``torch.cuda.make_graphed_callables``), so that a step costs the host two graph launches and the
-    loss instead of the hundreds of kernels of ResNet-50, and a host stall (the loader, Python) shorter
-    than the host's lead no longer leaves the GPU idle. In place; returns ``model``.
+    (``torch.cuda.make_graphed_callables``), so that a step costs the host two graph launches, the loss
+    and the fused optimizer's few kernels instead of the hundreds of kernels of ResNet-50, and a host
+    stall (the loader, Python) shorter than the host's lead no longer leaves the GPU idle. In place;
+    returns ``model``.
 
     Batches of ``batch_shape`` replay the graphs (copied into the graph's static input first); any other
     shape (an epoch's short last batch) and eval mode run the ordinary forward. The graphs keep their
