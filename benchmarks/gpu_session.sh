@@ -187,13 +187,13 @@ case $phase in
     dmon_step train_ahead 530 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
       --variant a1='--steps-ahead 1' --variant a2='--steps-ahead 2' --rounds "${ROUNDS:-3}" --epochs 8 --timeout 100 \
       --out "$out/train_ahead" ;;
-  traingraphs)  # issue 14: the PyTorch script eager and with --cuda-graphs (a flag then; since: on/off/auto, and the
-    # eager row needs --cuda-graphs off), each beside its own synthetic row,
-    # interleaved rounds (ROUNDS, default 2), 231 timed steps; first the GPU tests of the graphed model
+  traingraphs)  # issue 14: the PyTorch script eager (--cuda-graphs off; when first run, eager was the default) and
+    # graphed (--cuda-graphs on), each beside its own synthetic row, interleaved rounds (ROUNDS, default 2), 231 timed
+    # steps; first the GPU tests of the graphed model
     step graphs_gpu_tests 120 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/pytorch/test_training.py
     step bench_set 150 "$py" -c "from crossdali.common.sample_data import ensure_classification as e; print(e(size='bench'))"
     dmon_step train_graphs 540 "$py" -m benchmarks.training_speed --framework pytorch --backends synthetic,dali-gpu \
-      --variant eager='' --variant graphs='--cuda-graphs on' --rounds "${ROUNDS:-2}" --epochs 8 --timeout 100 \
+      --variant eager='--cuda-graphs off' --variant graphs='--cuda-graphs on' --rounds "${ROUNDS:-2}" --epochs 8 --timeout 100 \
       --out "$out/train_graphs" ;;
   traingraphs2)  # issue 14: the script's default (--cuda-graphs auto: graphed on one GPU) against --cuda-graphs off,
     # each beside its own synthetic row, interleaved rounds (ROUNDS, default 3), 231 timed steps

@@ -161,9 +161,9 @@ def graph_model(model: torch.nn.Module, *, batch_shape: tuple[int, ...], runtime
     model.train()
     try:
         with amp.autocast(cache=False), warnings.catch_warnings():
-            # make_graphed_callables's own doing, printed on every run (seen on an H100, torch 2.11): its warm-up
+            # make_graphed_callables's own doing, printed at every capture (seen on an H100, torch 2.11): its warm-up
             # backward starts on autograd's thread, and the parameters' gradient nodes get its capture stream.
-            # The graphed runs in the README were measured with both warnings printed, and lost nothing to them.
+            # The README's graphed rows were measured with both printed; filtering them changes no kernel.
             warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
             warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
             torch.cuda.make_graphed_callables(model, (sample,))
