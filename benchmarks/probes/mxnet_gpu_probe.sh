@@ -2,12 +2,12 @@
 # Can MXNet's own GPU kernels run on this GPU? (docs/mxnet.md, "MXNet on a GPU")
 #
 # No MXNet GPU wheel on PyPI (mxnet-cu112 1.9.1 and 2.0.0b1, mxnet-cu117 1.9.1, the newest) has
-# sm_90 machine code or PTX in libmxnet.so, so on an H100 the driver has nothing to run or JIT.
+# sm_90 machine code or PTX in libmxnet.so, so on a Hopper GPU the driver has nothing to run or JIT.
 # This probe checks that on the GPU itself, in one short call, without installing MXNet there
 # (its wheel is 509 MB and links CUDA 11 libraries, cuDNN 8 among them, that the GPU machine lacks):
 #
-#   benchmarks/mxnet_gpu_probe.sh stage   # here (needs pip and the index): writes .device-stage/mxnet/ (git-ignored)
-#   benchmarks/mxnet_gpu_probe.sh run     # on the GPU machine: device call with carry [".device-stage/mxnet"]
+#   benchmarks/probes/mxnet_gpu_probe.sh stage   # here (needs pip and the index): writes .device-stage/mxnet/ (git-ignored)
+#   benchmarks/probes/mxnet_gpu_probe.sh run     # on the GPU machine: device call with carry [".device-stage/mxnet"]
 #
 # `stage` downloads mxnet-cu117==1.9.1, lists the architectures of every fatbin in libmxnet.so and
 # copies one real kernel fatbin (679 KB) out of it. `run` asks the CUDA driver (cuModuleLoadData) to

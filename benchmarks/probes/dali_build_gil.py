@@ -1,11 +1,10 @@
 """Does building DALI's GPU decoder hold the GIL? A Python thread counts while the main thread builds
 the data checker's full-pass decoder (``mixed``); the share of its free rate it kept is printed.
 
-    python -m benchmarks.dali_build_gil          # GPU only
+    python -m benchmarks.probes.dali_build_gil          # GPU only
 
 Why it matters: ``crossdali check --depth full`` reads image headers while that ~2 s build runs only
-if the build lets Python threads run. On the H100 (DALI 2.4.0) the counting thread kept 1-11 % of its
-rate (results/check_speed/h100_2026-11-25/7_read_ahead/probe_build.txt): it does not.
+if the build lets Python threads run. What it found is in docs/data-checks.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """What DALI's legacy ``fn.readers.video`` does where crossdali's loaders depend on it (GPU only).
 
-    python -m benchmarks.legacy_reader_probe --out OUT
+    python -m benchmarks.probes.legacy_reader_probe --out OUT
 
-Issue 14: the legacy reader decodes shuffled 1080p clips 4-19x faster than
-``fn.experimental.readers.video`` (``benchmarks/video_decode.py``), so the loaders should use it on
-the GPU. Before they do, this records in OUT/legacy_reader_probe.json, on the ``gpu-tiny`` H.264 and
+The legacy reader decodes shuffled 1080p clips several times faster than
+``fn.experimental.readers.video`` (docs/benchmarks.md#video-decoding), so the GPU loaders use it. This records in OUT/legacy_reader_probe.json, on the ``gpu-tiny`` H.264 and
 VP9 sample set: which clips it cuts (stride 2: is the rule ``(F-1)*stride+1`` frames or
 ``F*stride``?), on which device its labels and frame numbers come out, whether a pipeline with
 ``enable_checkpointing`` builds, saves and restores it, whether shards + ``pad_last_batch`` cover

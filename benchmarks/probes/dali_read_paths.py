@@ -1,11 +1,10 @@
 """Where the full pass of ``crossdali check`` loses to the loader when nothing else runs: DALI's
 GPU decode rate over the same files through each way of getting the files into the pipeline.
 
-    python -m benchmarks.dali_read_paths --copies 8 --out /tmp/read_paths     # GPU only, 65,560 files
+    python -m benchmarks.probes.dali_read_paths --copies 8 --out /tmp/read_paths     # GPU only, 65,560 files
 
-The timeline of the full pass (``check_speed --timeline``, results/check_speed/h200_2026-11-26/
-2_timeline) showed its decoder alone at about 0.84 of the loader's steady rate between chunks, with
-no header work beside it. The rows, each the steady rate over one epoch after its first batch
+The full pass's timeline (``check_speed --timeline``) shows its decoder alone below the loader's
+steady rate between chunks, with no header work beside it (docs/data-checks.md). The rows, each the steady rate over one epoch after its first batch
 (rounds alternate, so a noisy machine shows in every row alike):
 
 * ``file reader``: ``fn.readers.file(files=...)``, the loader's way (mmap'ed reads by its own thread);
@@ -156,7 +155,7 @@ def main(args: argparse.Namespace) -> dict:
             builds.setdefault(name, []).append(round(build, 3))
             print(f"{name}: {rate:,.0f} files/s (build {build:.2f} s)", flush=True)
     links.cleanup()
-    result = {"command": "python -m benchmarks.dali_read_paths " + " ".join(sys.argv[1:]),
+    result = {"command": "python -m benchmarks.probes.dali_read_paths " + " ".join(sys.argv[1:]),
               "files": len(files), "batch_size": args.batch_size, "workers": args.workers,
               "steady_files_per_s": rows, "build_seconds": builds}
     args.out.mkdir(parents=True, exist_ok=True)

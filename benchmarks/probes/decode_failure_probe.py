@@ -1,8 +1,8 @@
 """Which damaged JPEGs DALI's CPU and GPU decoders refuse, and in which batches (the checker's full pass).
 
-    python -m benchmarks.decode_failure_probe --out OUT
+    python -m benchmarks.probes.decode_failure_probe --out OUT
 
-The checker's full pass names what DALI's decoder refuses. On the H100 (2026-11-26) its GPU pass let
+The checker's full pass names what DALI's decoder refuses. Its GPU pass has let
 through a JPEG without quantization tables (the test corpus's ``nodqt.jpg``) that libjpeg-turbo
 refuses. This records, for two photos (a 128x96 gradient, and the test corpus's photo from the tiny
 sample set) each damaged in ways the fast pass's marker walk may not look at: what the fast pass
@@ -119,7 +119,7 @@ def _run_one(args: tuple[str, str, str, str]) -> dict:
     import sys
 
     named = dict(zip(("case", "config", "device", "photo"), args))
-    cmd = [sys.executable, "-m", "benchmarks.decode_failure_probe", "--one", *args]
+    cmd = [sys.executable, "-m", "benchmarks.probes.decode_failure_probe", "--one", *args]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired:
