@@ -17,7 +17,7 @@ from benchmarks import usage_error
 
 def share_while_building(repeats: int = 2) -> list[tuple[float, float]]:
     """(build seconds, the counting thread's rate during the build / its free rate) per build."""
-    from crossdali.common.check.decode import _PipelinedDecoder
+    from crossdali.common.data.check.decode import _PipelinedDecoder
 
     rows = []
     for _ in range(repeats):
@@ -43,7 +43,7 @@ def share_while_building(repeats: int = 2) -> list[tuple[float, float]]:
 
 
 def main() -> None:
-    from crossdali.common.check.decode import gpu_available
+    from crossdali.common.data.check.decode import gpu_available
 
     if not gpu_available():
         raise usage_error("no CUDA GPU here: this measures DALI's GPU decoder build")

@@ -4,8 +4,8 @@ GPU decode rate over the same files through each way of getting the files into t
     python -m benchmarks.probes.dali_read_paths --copies 8 --out /tmp/read_paths     # GPU only, 65,560 files
 
 The full pass's timeline (``check_speed --timeline``) shows its decoder alone below the loader's
-steady rate between chunks, with no header work beside it (docs/data-checks.md). The rows, each the steady rate over one epoch after its first batch
-(rounds alternate, so a noisy machine shows in every row alike):
+steady rate between chunks, with no header work beside it (docs/data-checks.md). The rows, each the
+steady rate over one epoch after its first batch (rounds alternate, so a noisy machine shows in every row alike):
 
 * ``file reader``: ``fn.readers.file(files=...)``, the loader's way (mmap'ed reads by its own thread);
 * ``file reader, no mmap``: the same with ``dont_use_mmap=True`` (plain reads, as ``fn.io.file.read``);
@@ -123,9 +123,9 @@ def callback_rate(name_batches: list, *, args) -> tuple[float, float]:
 
 def main(args: argparse.Namespace) -> dict:
     from benchmarks.check_speed import symlink_copies
-    from crossdali.common.check.decode import _names_batch, gpu_available
-    from crossdali.common.sample_data import ensure_classification
-    from crossdali.common.sources import scan_image_folder
+    from crossdali.common.data.check.decode import _names_batch, gpu_available
+    from crossdali.common.data.sample_data import ensure_classification
+    from crossdali.common.data.sources import scan_image_folder
 
     if args.cpu:
         DEVICE.update(decoder="cpu", device_id=None)

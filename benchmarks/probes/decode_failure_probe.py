@@ -30,7 +30,7 @@ CONFIGS = ("sync-bad", "sync-good-bad", "default", "stream")
 
 def _photo(which: str) -> bytes:
     if which == "corpus":
-        from crossdali.common.sample_data import ensure_classification
+        from crossdali.common.data.sample_data import ensure_classification
         from tests.conformance import corpus
 
         root = Path(os.environ.get("CROSSDALI_DATA", "/tmp/crossdali-data"))
@@ -63,14 +63,14 @@ def _arrays(*encoded: bytes) -> list[np.ndarray]:
 
 
 def _described(error: str | None) -> str | None:
-    from crossdali.common.check.decode import describe_dali_error
+    from crossdali.common.data.check.decode import describe_dali_error
 
     return None if error is None else describe_dali_error(error)
 
 
 def one(case: str, config: str, device: str, photo: str) -> dict:
     """One damaged photo through one way of decoding it, in this process (the caller isolates)."""
-    from crossdali.common.check import decode as d
+    from crossdali.common.data.check import decode as d
 
     good = _photo(photo)
     data = cases(good)[case]
@@ -134,7 +134,7 @@ def probe(devices: list[str], *, jobs: int) -> dict:
     """Every (case, config, device, photo), each in its own process, ``jobs`` at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from crossdali.common.check.images import inspect_image
+    from crossdali.common.data.check.images import inspect_image
 
     result: dict = {"fast_pass": {}, "rows": []}
     for photo in PHOTOS:

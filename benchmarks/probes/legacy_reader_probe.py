@@ -3,11 +3,12 @@
     python -m benchmarks.probes.legacy_reader_probe --out OUT
 
 The legacy reader decodes shuffled 1080p clips several times faster than
-``fn.experimental.readers.video`` (docs/benchmarks.md#video-decoding), so the GPU loaders use it. This records in OUT/legacy_reader_probe.json, on the ``gpu-tiny`` H.264 and
-VP9 sample set: which clips it cuts (stride 2: is the rule ``(F-1)*stride+1`` frames or
-``F*stride``?), on which device its labels and frame numbers come out, whether a pipeline with
-``enable_checkpointing`` builds, saves and restores it, whether shards + ``pad_last_batch`` cover
-every clip once, and the error a VP9 WebM file gets.
+``fn.experimental.readers.video`` (docs/benchmarks.md#video-decoding), so the GPU loaders use it.
+This records in OUT/legacy_reader_probe.json, on the ``gpu-tiny`` H.264 and VP9 sample set: which
+clips it cuts (stride 2: is the rule ``(F-1)*stride+1`` frames or ``F*stride``?), on which device
+its labels and frame numbers come out, whether a pipeline with ``enable_checkpointing`` builds, saves
+and restores it, whether shards + ``pad_last_batch`` cover every clip once, and the error a VP9 WebM
+file gets.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    from crossdali.common.sample_data import BUILDERS, default_root
+    from crossdali.common.data.sample_data import BUILDERS, default_root
 
     root = BUILDERS["video"](default_root(), "gpu-tiny")
     res = probe(Path(root))
