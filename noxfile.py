@@ -86,7 +86,7 @@ def tests_tensorflow(session: nox.Session) -> None:
     session.install("--no-build-isolation", "-r", "requirements/tensorflow-plugin.txt")
     _parity_mark(session, "tensorflow")
     _pytest(session, "tests/tensorflow", "tests/detection/test_tf_detection.py", "tests/video/test_tensorflow_video.py",
-            "tests/conformance", "tests/common/test_same_flags.py")
+            "tests/conformance", "tests/common/test_same_flags.py", "tests/common/test_public_api.py")
     _parity_dump(session, "tensorflow")
 
 
@@ -96,7 +96,7 @@ def tests_mxnet(session: nox.Session) -> None:
     training, dist_sync workers (CPU). Its own env: mxnet 1.9.1 needs numpy 1.23."""
     _install(session, "mxnet")
     _parity_mark(session, "mxnet")
-    _pytest(session, "tests/mxnet", "tests/conformance", "tests/common/test_same_flags.py")
+    _pytest(session, "tests/mxnet", "tests/conformance", "tests/common/test_same_flags.py", "tests/common/test_public_api.py")
     _parity_dump(session, "mxnet")
 
 
@@ -106,7 +106,7 @@ def tests_jax(session: nox.Session) -> None:
     _install(session, "jax")
     _parity_mark(session, "jax")
     _pytest(session, "tests/jax", "tests/conformance/test_seed_order.py", "tests/conformance/test_scripts_refuse_bad_data.py",
-            "tests/common/test_same_flags.py")
+            "tests/common/test_same_flags.py", "tests/common/test_public_api.py")
     _parity_dump(session, "jax")
 
 

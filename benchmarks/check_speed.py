@@ -78,7 +78,7 @@ def loader_decode_rate(files: list[str], *, device: str, workers: int, batch_siz
     batch, one epoch timed from the pipeline's construction, the seconds of the build alone)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    from crossdali.common.check.decode import GPU_DECODER_ARGS
+    from crossdali.common.data.check.decode import GPU_DECODER_ARGS
 
     gpu = device == "gpu"
 
@@ -103,7 +103,7 @@ def loader_decode_rate(files: list[str], *, device: str, workers: int, batch_siz
 
 
 def _decoder_alone(files: list[str], args: argparse.Namespace) -> dict:
-    from crossdali.common.check import core, decode
+    from crossdali.common.data.check import core, decode
 
     decode_fn = decode.decode_file_list if args.device in core.FILE_READER_DEVICES else decode.decode_files
     return decode_fn(files, device=args.device, batch_size=args.batch_size, threads=args.workers)
@@ -112,7 +112,7 @@ def _decoder_alone(files: list[str], args: argparse.Namespace) -> dict:
 def check_build_seconds(files: list[str], *, device: str, workers: int, batch_size: int) -> float:
     """Seconds to build the full pass's decoder alone (DALI's file reader over ``files`` on a GPU,
     the pipelined names-fed decoder on the CPU)."""
-    from crossdali.common.check import core, decode
+    from crossdali.common.data.check import core, decode
 
     start = time.perf_counter()
     if device in core.FILE_READER_DEVICES:
@@ -146,13 +146,13 @@ def _timed(fn, repeats: int) -> float:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from crossdali.common.check import core as core_module
-    from crossdali.common.check.core import CheckSettings, check_image_files
-    from crossdali.common.sources import scan_image_folder
+    from crossdali.common.data.check import core as core_module
+    from crossdali.common.data.check.core import CheckSettings, check_image_files
+    from crossdali.common.data.sources import scan_image_folder
 
     if args.smoke:
         args.size, args.repeats = "tiny", 1
-    from crossdali.common.check import decode
+    from crossdali.common.data.check import decode
 
     if args.chunk:
         decode.CHUNK_SAMPLES[args.device] = args.chunk
@@ -163,7 +163,7 @@ def main(args: argparse.Namespace) -> dict:
     if args.hw_decoder_load is not None:
         decode.GPU_DECODER_ARGS["hw_decoder_load"] = args.hw_decoder_load
     if args.data is None:
-        from crossdali.common.sample_data import ensure_classification
+        from crossdali.common.data.sample_data import ensure_classification
 
         args.data = ensure_classification(size=args.size, formats=("imagefolder",)) / "imagefolder" / "train"
     files = list(scan_image_folder(args.data, validate=False).files)
@@ -238,7 +238,7 @@ def _profile_full_pass(files: list[str], args: argparse.Namespace, settings, pat
     import io
     import pstats
 
-    from crossdali.common.check.core import check_image_files
+    from crossdali.common.data.check.core import check_image_files
 
     profiler = cProfile.Profile()
     profiler.runcall(check_image_files, files, root=args.data, settings=settings)
@@ -253,8 +253,8 @@ def _timelines(files: list[str], args: argparse.Namespace, settings, path: Path)
     """Where a pass's seconds go: the decoder's build, every chunk of the streaming decoder and, for
     the file reader's pass, when decoding starts (every header read), timestamped from the call (the
     checker's own functions wrapped for one pass each; nothing is changed in what they do)."""
-    from crossdali.common.check import core, decode
-    from crossdali.common.check.core import check_image_files
+    from crossdali.common.data.check import core, decode
+    from crossdali.common.data.check.core import check_image_files
 
     events: list[tuple[str, float]] = []
     start = [0.0]

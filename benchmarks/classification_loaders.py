@@ -53,9 +53,9 @@ import torch
 from benchmarks import round_spread, usage_error
 from benchmarks.engine_load import EngineLoad
 from benchmarks.loader_rows import environment, sync, time_epochs, write_report
-from crossdali.common.cuda_queues import QUEUES, share_gpu_with_dali
-from crossdali.common.sample_data import ensure_classification
-from crossdali.common.sources import resolve_source
+from crossdali.common.data.sample_data import ensure_classification
+from crossdali.common.data.sources import resolve_source
+from crossdali.common.loading.cuda_queues import QUEUES, share_gpu_with_dali
 from crossdali.pytorch import create_classification_loader
 from crossdali.pytorch.training import copy_to_host, create_optimizer
 
@@ -117,7 +117,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--cuda-queues", default=str(QUEUES), metavar="N|unset",
                         help="CUDA_DEVICE_MAX_CONNECTIONS for this process unless the environment sets it (default "
                              f"{QUEUES}, what crossdali's training scripts set; 'unset' leaves CUDA's 8): DALI's streams "
-                             "and the model's share these hardware queues (crossdali.common.cuda_queues)")
+                             "and the model's share these hardware queues (crossdali.common.loading.cuda_queues)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script on a CPU-only machine: tiny set, CPU backends, 2 steps")
     return parser

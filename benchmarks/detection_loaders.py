@@ -28,8 +28,8 @@ import torch
 
 from benchmarks import usage_error
 from benchmarks.plot import backend_color, bar_png
+from crossdali.common.data.sample_data.detection import ensure_detection
 from crossdali.common.detection import resolve_detection_source
-from crossdali.common.sample_data.detection import ensure_detection
 from crossdali.pytorch.detection import create_detection_loader
 
 NATIVE = "torchvision v2 DataLoader (native)"

@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.plot import backend_color, bars, pyplot
-from crossdali.common.sample_data import ensure_classification
-from crossdali.common.sources import resolve_source
+from crossdali.common.data.sample_data import ensure_classification
+from crossdali.common.data.sources import resolve_source
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

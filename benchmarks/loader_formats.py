@@ -37,8 +37,8 @@ import torch
 from benchmarks import usage_error
 from benchmarks.loader_rows import environment, run_rows
 from benchmarks.plot import backend_color, bar_png
-from crossdali.common.sample_data import ensure_classification, ensure_multilabel
-from crossdali.common.sources import resolve_source
+from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
+from crossdali.common.data.sources import resolve_source
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ def environment(module: str, device: torch.device) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "dali": __import__("nvidia.dali").dali.__version__,
-        # CUDA's hardware queues (crossdali.common.cuda_queues): unset means CUDA's 8
+        # CUDA's hardware queues (crossdali.common.loading.cuda_queues): unset means CUDA's 8
         "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
     }
 

@@ -148,8 +148,8 @@ def main(args: argparse.Namespace) -> list[dict]:
         raise usage_error(f"--tree {args.tree}: no crossdali/pytorch/train_classification.py there; pass a checkout "
                           "of this repository (e.g. git worktree add DIR COMMIT)")
 
-    from crossdali.common.sample_data import ensure_classification
-    from crossdali.common.sources import resolve_source
+    from crossdali.common.data.sample_data import ensure_classification
+    from crossdali.common.data.sources import resolve_source
 
     visible = torch.cuda.device_count()
     counts = [int(g) for g in args.gpus.split(",")]

@@ -40,9 +40,9 @@ enable_memory_growth()  # before TF, DALI or torch touch the GPU: DALI's decoder
 from benchmarks import usage_error  # noqa: E402
 from benchmarks.plot import bar_png  # noqa: E402
 from crossdali.common.classification import ClassificationTransform, create_classification_pipeline  # noqa: E402
+from crossdali.common.data.sample_data import ensure_classification  # noqa: E402
+from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.options import pipeline_options  # noqa: E402
-from crossdali.common.sample_data import ensure_classification  # noqa: E402
-from crossdali.common.sources import resolve_source  # noqa: E402
 from crossdali.tensorflow import create_classification_loader as tf_loader  # noqa: E402
 from crossdali.tensorflow.loaders import dali_dataset  # noqa: E402
 

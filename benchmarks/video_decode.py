@@ -112,7 +112,7 @@ def _canvas(width: int, height: int, seed: int) -> np.ndarray:
     """A mosaic of real photos (scikit-image's), larger than the frame so a window can pan."""
     from PIL import Image
 
-    from crossdali.common.sample_data.photos import CLASS_PHOTOS, load_photo
+    from crossdali.common.data.sample_data.photos import CLASS_PHOTOS, load_photo
 
     rng = np.random.default_rng(seed)
     cw, ch = width + width // 3, height + height // 3
@@ -291,7 +291,7 @@ def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: i
     that many consecutive clips decoded as one read (``batch`` counts clips)."""
     import torch
 
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
     from crossdali.pytorch.video import create_video_loader
 
     source = DataSource(format="filelist", root=Path(files[0]).parent, files=tuple(files),

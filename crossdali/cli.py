@@ -84,13 +84,13 @@ def _default_framework(task: str) -> str:
 
 
 def _run_script(module_name: str, argv: list[str]) -> int:
-    """Run a script module's ``main`` under ``crossdali.common.script.run`` (a user's mistake is one
+    """Run a script module's ``main`` under ``crossdali.common.scripts.script.run`` (a user's mistake is one
     line and exit 2), or the module's own ``run(argv)`` where it has one."""
     module = importlib.import_module(module_name)
     own_run = getattr(module, "run", None)
     if callable(own_run) and own_run.__module__ == module.__name__:
         return own_run(argv) or 0
-    from crossdali.common.script import run
+    from crossdali.common.scripts.script import run
 
     result = {}
 
@@ -125,7 +125,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _script_parsers() -> dict:
-    from crossdali.common.script_parsers import PARSERS
+    from crossdali.common.scripts.script_parsers import PARSERS
 
     return PARSERS
 
@@ -169,10 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     # commands whose flags belong to another parser: only the command (and its first word) is parsed here
     if command == "make-data":
         sys.argv = ["crossdali make-data", *rest]
-        return _run_script("crossdali.common.sample_data.__main__", rest)
+        return _run_script("crossdali.common.data.sample_data.__main__", rest)
     if command == "check":
         sys.argv = ["crossdali check", *rest]
-        return _run_script("crossdali.common.check.__main__", rest)
+        return _run_script("crossdali.common.data.check.__main__", rest)
     if command == "predict":
         sys.argv = ["crossdali predict", *rest]
         return _run_script("crossdali.pytorch.predict", rest)
@@ -190,12 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(rest[0], rest[1:])
     args = parser.parse_args(argv)
     if args.command == "info":
-        from crossdali.common.info import print_info  # defer: it imports DALI
+        from crossdali.common.scripts.info import print_info  # defer: it imports DALI
 
         print_info()
         return 0
     if args.command == "plot":
-        from crossdali.common.runs import plot_run  # defer: matplotlib
+        from crossdali.common.scripts.runs import plot_run  # defer: matplotlib
 
         if not (args.run_dir / "metrics.jsonl").is_file():
             raise SystemExit(f"crossdali plot: {args.run_dir} has no metrics.jsonl; pass a run folder "

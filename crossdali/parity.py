@@ -448,14 +448,14 @@ def _default_data(kind: str, size: str = "tiny") -> Path | None:
     """A sample set for the dumps (built if missing); ``None`` where its builder's dependency is absent."""
     try:
         if kind == "classification":
-            from crossdali.common.sample_data import ensure_classification  # defer: PIL
+            from crossdali.common.data.sample_data import ensure_classification  # defer: PIL
 
             return ensure_classification(size=size) / "imagefolder"
         if kind == "video":
-            from crossdali.common.sample_data.video import ensure_video  # defer: PyAV
+            from crossdali.common.data.sample_data.video import ensure_video  # defer: PyAV
 
             return ensure_video(size=size)
-        from crossdali.common.sample_data import ensure_detection
+        from crossdali.common.data.sample_data import ensure_detection
 
         return ensure_detection(size=size)
     except ImportError as e:

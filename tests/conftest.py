@@ -37,7 +37,7 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_classification(data_root) -> Path:
     """The ``tiny`` classification sample set (11 classes; 264 train, 55 val samples)."""
-    from crossdali.common.sample_data import ensure_classification
+    from crossdali.common.data.sample_data import ensure_classification
 
     return ensure_classification(data_root, size="tiny")
 
@@ -45,7 +45,7 @@ def tiny_classification(data_root) -> Path:
 @pytest.fixture(scope="session")
 def indexed_val_source(tiny_classification):
     """An odd-sized (55) val set whose label is the sample's index: labels identify samples."""
-    from crossdali.common.sources import DataSource, scan_image_folder
+    from crossdali.common.data.sources import DataSource, scan_image_folder
 
     src = scan_image_folder(tiny_classification / "imagefolder" / "val")
     assert src.num_samples % 2 == 1
@@ -77,11 +77,11 @@ def assert_epoch_coverage():
 
 
 def _assert_finished_run(run_dir: Path, *, epochs: int, framework: str) -> list[dict]:
-    """What every training script leaves in its run folder (``crossdali.common.runs``): a start
+    """What every training script leaves in its run folder (``crossdali.common.scripts.runs``): a start
     record, step records every epoch, one epoch record per epoch, the summary of the best epoch,
     and the curves as a PNG. Returns the records."""
-    from crossdali.common.metrics import read_metrics
-    from crossdali.common.runs import PLOT_NAME
+    from crossdali.common.scripts.metrics import read_metrics
+    from crossdali.common.scripts.runs import PLOT_NAME
 
     records = read_metrics(run_dir)
     assert records[0]["event"] == "start" and records[0]["framework"] == framework
@@ -110,15 +110,15 @@ def assert_finished_run():
 
 def _assert_best_checkpoint(run_dir: Path, *, framework: str, suffixes: list[str], config: dict) -> dict:
     """The best checkpoint of a TensorFlow, MXNet or JAX run on the sample set
-    (``crossdali.common.runs.BestCheckpoint``): its weight files (``checkpoint_best<suffix>``) and
+    (``crossdali.common.scripts.runs.BestCheckpoint``): its weight files (``checkpoint_best<suffix>``) and
     ``checkpoint_best.json``, which names the class names, the full config (``config`` among its
     values) and the epoch of the best val top-1 in ``metrics.jsonl`` (the earliest of a tie); and
     ``checkpoint.json``, the same description of the last checkpoint. Returns the best's JSON."""
     import json
 
-    from crossdali.common.metrics import latest_records, read_metrics
-    from crossdali.common.runs import BEST_CHECKPOINT, CHECKPOINT_FORMAT
-    from crossdali.common.sample_data import class_names
+    from crossdali.common.data.sample_data import class_names
+    from crossdali.common.scripts.metrics import latest_records, read_metrics
+    from crossdali.common.scripts.runs import BEST_CHECKPOINT, CHECKPOINT_FORMAT
 
     epochs = latest_records(read_metrics(run_dir), "epoch")
     best = max(epochs, key=lambda e: e["val_top1"])  # max keeps the first of equals

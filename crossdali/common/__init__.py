@@ -1,5 +1,5 @@
 """Framework-free DALI pipelines and helpers. Never imports torch, tensorflow or mxnet."""
 
-from crossdali.common import fork_safety
+from crossdali.common.loading import fork_safety
 
 fork_safety.install()  # before any DALI or DataLoader worker is forked from this process

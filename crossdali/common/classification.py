@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crossdali.common.check.records import MAX_LABEL_TEXT_BYTES
-from crossdali.common.options import PipelineOptions
-from crossdali.common.sources import (
+from crossdali.common.data.check.records import MAX_LABEL_TEXT_BYTES
+from crossdali.common.data.formats import (
     TFRECORD_IMAGE_KEY,
     TFRECORD_LABEL_KEY,
     WEBDATASET_IMAGE_EXTENSIONS,
     WEBDATASET_LABEL_EXTENSION,
-    DataSource,
 )
+from crossdali.common.data.sources import DataSource
+from crossdali.common.options import PipelineOptions
 
 __all__ = [
     "READER_NAME",

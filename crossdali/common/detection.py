@@ -28,15 +28,15 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from crossdali.common.anchors import BOX_CODER_STDS, ssd300_default_boxes
 from crossdali.common.classification import IMAGENET_MEAN, IMAGENET_STD
+from crossdali.common.data.check.cache import default_cache_dir
+from crossdali.common.data.check.core import CheckSettings, Problem, check_image_files, problems_error, sample_id
+from crossdali.common.data.check.exclude import load_exclusions
+from crossdali.common.data.sources import explain_files_failure
+from crossdali.common.errors import DataError
 from crossdali.common.options import PipelineOptions
-from crossdali.common.sources import DataError, explain_files_failure
-
-if TYPE_CHECKING:
-    from crossdali.common.check.core import Problem
 
 __all__ = [
     "READER_NAME",
@@ -105,7 +105,7 @@ def _find_annotations(root: Path, split: str) -> tuple[Path, Path]:
             return ann, images
     raise DataError(f"no COCO annotation file for split {split!r} under {root}: looked for {', '.join(tried)}. "
                     f"Point --data at a folder holding annotations/instances_{split}.json and {split}/, or build "
-                    "the sample set: python -m crossdali.common.sample_data --kind detection")
+                    "the sample set: python -m crossdali.common.data.sample_data --kind detection")
 
 
 def coco_problems(coco: object, ann_path: Path, images_dir: Path, *, root: Path | None = None,
@@ -120,8 +120,6 @@ def coco_problems(coco: object, ann_path: Path, images_dir: Path, *, root: Path 
     JSON's numbers: wrong boxes, silently). Warnings: images without annotations (left out of
     training by ``skip_empty``), boxes under 0.1 px (dropped by the reader).
     """
-    from crossdali.common.check.core import Problem, sample_id  # defer: the check package imports sources
-
     ann_id = sample_id(ann_path, root)
     problems: list[Problem] = []
 
@@ -218,8 +216,6 @@ def _filtered_annotations(ann_path: Path, images_dir: Path, coco: dict, exclusio
     check cache (``fn.readers.coco`` and every other reader then never see them)."""
     import hashlib
 
-    from crossdali.common.check.cache import default_cache_dir
-
     dropped = {im.get("id") for im in coco["images"] if isinstance(im, dict)
                and exclusions.excludes_file(images_dir / str(im.get("file_name", "")))}
     if not dropped:
@@ -247,9 +243,6 @@ def resolve_detection_source(data: str | Path, split: str, *, annotations_file: 
     ``skip_empty`` defaults to True for train (SSD cannot learn from an image without boxes) and
     False for val.
     """
-    from crossdali.common.check.core import CheckSettings, check_image_files, problems_error
-    from crossdali.common.check.exclude import load_exclusions
-
     root = Path(data)
     if annotations_file is None:
         if not root.is_dir():

@@ -10,7 +10,7 @@ kinds of source, told apart by what they offer:
   ``SampleInfo``. So it runs in DALI's Python worker processes (``parallel=True``), shards by the
   global rank, reshuffles every epoch (the same permutation on every rank, as
   ``fn.readers.file(shuffle_after_epoch=True)``), keeps the epoch rule of
-  ``crossdali.common.epochs`` (every sample exactly once across shards; ``DROP`` for training on
+  ``crossdali.common.loading.epochs`` (every sample exactly once across shards; ``DROP`` for training on
   several ranks) and resumes mid-epoch from a DALI checkpoint (DALI restores the epoch and
   iteration it passes to a callable that takes ``SampleInfo``).
 - **stream** (any other iterable, e.g. a Squirrel ``Composable``, or a generator function):
@@ -52,11 +52,12 @@ from typing import Any
 import numpy as np
 
 from crossdali.common.classification import ClassificationTransform, augment_classification
+from crossdali.common.data.sources import sniff_image_bytes
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
-from crossdali.common.loaders import SplitPlan
+from crossdali.common.errors import DataError
+from crossdali.common.loading.epochs import LastBatchPolicy, batches_per_epoch, choose_last_batch_policy, log_epoch_plan
+from crossdali.common.loading.loaders import SplitPlan
 from crossdali.common.options import PipelineOptions, check_backend
-from crossdali.common.sources import DataError, sniff_image_bytes
 
 __all__ = ["ExternalData", "ExternalSourceOptions", "ExternalPlan", "IndexedSamples", "ShardBatches", "StreamBatches",
            "prepare_external_source", "PACKED_INPUT", "pack_sample", "create_packed_external_source_pipeline",

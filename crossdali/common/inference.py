@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from crossdali.common.classification import ClassificationTransform, augment_classification
+from crossdali.common.data.sources import sniff_image_bytes
+from crossdali.common.errors import DataError
 from crossdali.common.options import PipelineOptions
-from crossdali.common.sources import DataError, sniff_image_bytes
 
 __all__ = ["EncodedImage", "InferencePipeline", "MicroBatcher", "prepare_image"]
 
@@ -69,11 +70,13 @@ def prepare_image(data: bytes, *, name: str) -> EncodedImage:
 
 
 def _pil_problem(image: EncodedImage) -> str | None:
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(image.data.tobytes())) as img:
             img.load()
+    except UnidentifiedImageError:  # its message names the BytesIO object, not the image
+        return "Pillow cannot identify it as an image"
     except Exception as e:  # noqa: BLE001 - any decoder failure is the answer we look for
         return f"{type(e).__name__}: {e}"
     return None

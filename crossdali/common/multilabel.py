@@ -27,8 +27,9 @@ import numpy as np
 # old loader in the middle of that import (the pool's close joins a thread that needs the import lock).
 from sklearn.metrics import average_precision_score, f1_score
 
-from crossdali.common.check.exclude import Exclusions, load_exclusions
-from crossdali.common.sources import DataError, validate_files
+from crossdali.common.data.check.exclude import Exclusions, load_exclusions
+from crossdali.common.data.sources import validate_files
+from crossdali.common.errors import DataError, UsageError
 
 __all__ = ["MultiLabelSource", "gathered_multilabel_stats", "multilabel_loader_args", "multilabel_metrics",
            "read_multilabel_list",
@@ -213,8 +214,6 @@ def multilabel_loader_args(data, *, train: bool, py_workers: int, exclude=None) 
 def resolve_multilabel_splits(args, data: str | Path, backend: str) -> tuple[MultiLabelSource, MultiLabelSource]:
     """The train and val lists of a training script's ``--multi-label`` run (``args``: its flags),
     val in train's label order; a flag that cannot work is a ``UsageError`` naming it."""
-    from crossdali.common.script import UsageError
-
     if backend not in ("dali-cpu", "dali-gpu"):
         raise UsageError(f"--multi-label reads its lists through DALI: use --data-backend dali-cpu or dali-gpu, "
                          f"not {backend}")

@@ -76,9 +76,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from crossdali.common.data.check.exclude import load_exclusions
+from crossdali.common.data.sources import DataSource, read_file_list
+from crossdali.common.errors import DataError, UsageError
 from crossdali.common.options import PipelineOptions
-from crossdali.common.script import UsageError
-from crossdali.common.sources import DataError, DataSource, read_file_list
 
 __all__ = [
     "CPU_CODECS",
@@ -538,8 +539,6 @@ def resolve_video_source(data: str | Path, split: str, *, exclude=None) -> DataS
     """The ``split`` of a video dataset: a file list (``<path> <label>`` per line), a folder with
     ``<split>.txt``, or a folder with ``<split>/<class>/<video>`` (classes sorted by name).
     ``exclude`` (the exclusion list ``crossdali check`` writes, or paths) leaves files out."""
-    from crossdali.common.check.exclude import load_exclusions
-
     exclusions = load_exclusions(exclude)
     source = _resolve_video_source(Path(data), split)
     if not exclusions:

@@ -22,12 +22,13 @@ from pathlib import Path
 
 import torch
 
-from crossdali.common import script_parsers
 from crossdali.common.anchors import ssd300_default_boxes
+from crossdali.common.data.sample_data.detection import ensure_detection
 from crossdali.common.detection import resolve_detection_source
-from crossdali.common.epochs import batch_sizes, choose_last_batch_policy
-from crossdali.common.sample_data.detection import ensure_detection
-from crossdali.common.script import UsageError, run
+from crossdali.common.errors import UsageError
+from crossdali.common.loading.epochs import batch_sizes, choose_last_batch_policy
+from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.script import run
 from crossdali.detection_ssd.coco_eval import coco_map, to_coco_results
 from crossdali.detection_ssd.model import SSD300, BoxCoder, MultiBoxLoss, postprocess
 from crossdali.pytorch.detection import create_detection_loader
@@ -50,7 +51,7 @@ log = logging.getLogger("crossdali.detection")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    """This script's flags, defined framework-free (``crossdali.common.scripts.script_parsers``) so that
     ``crossdali train detection --help`` answers before PyTorch loads."""
     return script_parsers.ssd_detection(add_help=add_help)
 

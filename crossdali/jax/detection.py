@@ -25,7 +25,7 @@ from crossdali.common.detection import (
     resolve_detection_source,
 )
 from crossdali.common.distributed import DistInfo
-from crossdali.common.loaders import prepare_split
+from crossdali.common.loading.loaders import prepare_split
 from crossdali.jax.loaders import DALILoader, _no_native, require_gpu
 
 __all__ = ["DETECTION_BACKENDS", "create_detection_loader"]
@@ -51,7 +51,7 @@ def create_detection_loader(
     """An iterable of SSD300 train or val batches (see the module docstring) over a COCO-format folder.
 
     Same arguments as ``crossdali.pytorch.create_detection_loader`` (less ``debug``). The result
-    implements ``crossdali.common.loaders.Loader``.
+    implements ``crossdali.common.loading.loaders.Loader``.
     """
     _no_native(backend)
     plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,

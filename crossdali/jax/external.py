@@ -2,7 +2,7 @@
 of encoded images, through DALI's ``fn.external_source`` and crossdali's classification transform.
 
 The same source, epochs, sharding, parallel workers and resuming as ``crossdali.pytorch``'s
-(``crossdali.common.external`` and ``crossdali.common.external_loader``); this module only picks
+(``crossdali.common.external`` and ``crossdali.common.loading.external_loader``); this module only picks
 DALI's JAX iterator. See docs/external-source.md.
 """
 
@@ -15,9 +15,9 @@ from nvidia.dali.plugin.jax import DALIGenericIterator
 
 from crossdali.common.classification import ClassificationTransform
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.external import ExternalSourceOptions, prepare_external_source
-from crossdali.common.external_loader import ExternalLoaderMixin
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.external_loader import ExternalLoaderMixin
 from crossdali.jax.loaders import DALILoader, require_gpu
 
 __all__ = ["EXTERNAL_BACKENDS", "ExternalSourceLoader", "ExternalSourceOptions", "create_external_source_loader"]
@@ -27,7 +27,7 @@ EXTERNAL_BACKENDS = ("dali-gpu", "dali-cpu")
 
 class ExternalSourceLoader(ExternalLoaderMixin, DALILoader):
     """``DALILoader`` over an external source, ``jax.Array`` out; epochs, trimming and resuming are
-    ``crossdali.common.external_loader.ExternalLoaderMixin``'s."""
+    ``crossdali.common.loading.external_loader.ExternalLoaderMixin``'s."""
 
     def _new_iterator(self, pipeline) -> DALIGenericIterator:
         # No reader: the source ends the epoch (StopIteration) and ExternalLoaderMixin trims an

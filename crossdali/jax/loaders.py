@@ -15,8 +15,8 @@ the PyTorch and TensorFlow wrappers have those baselines.
 
 Every backend yields ``images`` (N, H, W, C) float (``layout="CHW"`` for N, C, H, W; flax's
 convolutions take NHWC) and ``labels`` (N,) int32 (JAX's default integer width; int64 under
-``jax_enable_x64``), honours the epoch rules of ``crossdali.common.epochs`` and implements the
-loader contract (``crossdali.common.loaders.Loader``).
+``jax_enable_x64``), honours the epoch rules of ``crossdali.common.loading.epochs`` and implements the
+loader contract (``crossdali.common.loading.loaders.Loader``).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import numpy as np
 from nvidia.dali.plugin.jax import DALIGenericIterator
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
-from crossdali.common.dali_loader import DALIIteratorLoader
+from crossdali.common.data.sources import DataSource, explain_decode_failure, resolve_source
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import prepare_split
-from crossdali.common.sources import DataSource, explain_decode_failure, resolve_source
+from crossdali.common.loading.dali_loader import DALIIteratorLoader
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.loaders import prepare_split
 
 __all__ = ["BACKENDS", "DALIJaxIterator", "DALILoader", "SyntheticLoader", "create_classification_loader",
            "require_gpu"]
@@ -97,7 +97,7 @@ class DALIJaxIterator(DALIGenericIterator):
 
 
 class DALILoader(DALIIteratorLoader):
-    """DALI's JAX iterator over one of the shared pipelines (``crossdali.common.dali_loader``): plain
+    """DALI's JAX iterator over one of the shared pipelines (``crossdali.common.loading.dali_loader``): plain
     tuples of ``jax.Array``, epochs (PARTIAL through ``DALIJaxIterator``), padding-only batches
     skipped, errors naming the file, ``state_dict`` with DALI's checkpoint (the JAX iterator shares
     the checkpointing base of DALI's other iterators) for a bit-exact mid-epoch resume."""
@@ -118,7 +118,7 @@ class DALILoader(DALIIteratorLoader):
 
 class SyntheticLoader:
     """One random batch, repeated: the upper bound a training loop reaches with free input. ``sizes``
-    are an epoch's batch sizes (``crossdali.common.epochs.batch_sizes``: the data loaders' own, the
+    are an epoch's batch sizes (``crossdali.common.loading.epochs.batch_sizes``: the data loaders' own, the
     short last one included, so its epoch has the same steps as theirs)."""
 
     def __init__(self, *, batch_size: int, shape: tuple[int, ...], num_classes: int, device: jax.Device,
@@ -181,7 +181,7 @@ def create_classification_loader(
     ``workers`` is DALI's thread count; ``dist`` shards by the global rank; ``device_id`` is the
     GPU for ``dali-gpu`` (default: the local rank); ``last_batch`` overrides the epoch rule
     ('partial' | 'drop' | 'fill'); ``checkpointing`` lets ``state_dict()`` save DALI's position
-    inside an epoch. The result implements ``crossdali.common.loaders.Loader``.
+    inside an epoch. The result implements ``crossdali.common.loading.loaders.Loader``.
     """
     _no_native(backend)
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,

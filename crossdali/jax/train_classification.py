@@ -33,12 +33,14 @@ import numpy as np
 import optax
 from flax.training import train_state
 
-from crossdali.common import script_parsers
-from crossdali.common.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
-from crossdali.common.cuda_queues import share_gpu_with_dali
+from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
+from crossdali.common.data.sources import resolve_source
 from crossdali.common.distributed import detect_distributed
-from crossdali.common.metrics import format_test_line, val_stats
-from crossdali.common.runs import (
+from crossdali.common.loading.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
+from crossdali.common.loading.cuda_queues import share_gpu_with_dali
+from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.metrics import format_test_line, val_stats
+from crossdali.common.scripts.runs import (
     BestCheckpoint,
     StepLog,
     checkpoint_meta,
@@ -49,10 +51,8 @@ from crossdali.common.runs import (
     open_metrics,
     write_json,
 )
-from crossdali.common.sample_data import ensure_classification, ensure_multilabel
-from crossdali.common.script import run
-from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import (
+from crossdali.common.scripts.script import run
+from crossdali.common.scripts.train_args import (
     log_accepted_flags,
     resolve_backend,
     resolve_num_classes,
@@ -66,7 +66,7 @@ CHECKPOINT = script_parsers.JAX_CHECKPOINT
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    """This script's flags, defined framework-free (``crossdali.common.scripts.script_parsers``) so that
     ``crossdali train classification --framework jax --help`` answers before JAX loads."""
     return script_parsers.jax_classification(add_help=add_help)
 

@@ -3,7 +3,7 @@
 Backends: ``dali-gpu`` (NVDEC; VP9, H.264, HEVC, AV1; arrays on the JAX GPU device) and
 ``dali-cpu`` (FFmpeg on the CPU; VP8/VP9 only; arrays on JAX's CPU device). Clips are
 ``(N, F, H, W, C)`` (``layout="NFHWC"``, the default: what flax's 3-D convolutions take) or
-``(N, C, F, H, W)``; labels ``(N,)`` int. Epochs follow ``crossdali.common.epochs``: val sees
+``(N, C, F, H, W)``; labels ``(N,)`` int. Epochs follow ``crossdali.common.loading.epochs``: val sees
 every clip exactly once across ranks.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from crossdali.common.data.sources import DataSource
 from crossdali.common.distributed import DistInfo
-from crossdali.common.sources import DataSource
-from crossdali.common.video_loaders import VIDEO_BACKENDS, plan_video_split
+from crossdali.common.loading.video_loaders import VIDEO_BACKENDS, plan_video_split
 from crossdali.jax.loaders import DALILoader, _no_native, require_gpu
 
 __all__ = ["VIDEO_BACKENDS", "create_video_loader"]
@@ -50,7 +50,7 @@ def create_video_loader(
     first (codec, constant frame rate, length) so a bad file fails with its name and the fix.
     ``pipelines`` splits this rank's shard over several DALI pipelines merged into one batch (as
     in the PyTorch loader, whose docstring says when it helps).
-    The result implements ``crossdali.common.loaders.Loader``.
+    The result implements ``crossdali.common.loading.loaders.Loader``.
     """
     _no_native(backend)
     split = plan_video_split(data, train=train, backend=backend, batch_size=batch_size, sequence_length=sequence_length,

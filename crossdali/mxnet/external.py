@@ -22,11 +22,11 @@ import numpy as np
 from nvidia.dali.plugin.base_iterator import _DaliBaseIterator
 
 from crossdali.common.classification import ClassificationTransform
-from crossdali.common.dali_loader import DALIIteratorLoader
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
 from crossdali.common.external import ExternalSourceOptions, prepare_external_source
-from crossdali.common.external_loader import ExternalLoaderMixin
+from crossdali.common.loading.dali_loader import DALIIteratorLoader
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.external_loader import ExternalLoaderMixin
 from crossdali.mxnet.loaders import DATA_NAME, LABEL_NAME, _EpochIter, require_mxnet_gpu
 
 __all__ = ["EXTERNAL_BACKENDS", "ExternalSourceIter", "ExternalSourceOptions", "create_external_source_loader",

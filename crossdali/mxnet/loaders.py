@@ -13,7 +13,7 @@ PyTorch/TF/JAX/Paddle iterators share), which does the epoch accounting. Backend
 Every backend yields ``mx.io.DataBatch`` with ``data=[images (N, C, H, W)]`` and
 ``label=[labels (N,) float32]`` and follows MXNet's last-batch convention: every batch has
 ``batch_size`` rows and the last one says in ``pad`` how many trailing rows are padding.
-Every backend also implements the loader contract (``crossdali.common.loaders.Loader``):
+Every backend also implements the loader contract (``crossdali.common.loading.loaders.Loader``):
 ``len``, ``batch_size``, ``num_classes``, ``state_dict``/``load_state_dict``.
 """
 
@@ -29,11 +29,12 @@ import numpy as np
 from nvidia.dali.plugin.base_iterator import _DaliBaseIterator
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
+from crossdali.common.data.sources import DataSource, explain_decode_failure, resolve_source
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy, batches_per_epoch
-from crossdali.common.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint, prepare_split
+from crossdali.common.errors import DataError
+from crossdali.common.loading.epochs import LastBatchPolicy, batches_per_epoch
+from crossdali.common.loading.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint, prepare_split
 from crossdali.common.options import CLASSIFICATION_BACKENDS, PipelineOptions
-from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
 __all__ = ["BACKENDS", "DATA_NAME", "LABEL_NAME", "DALIClassificationIter", "NativeRecordIter", "SyntheticIter",
            "create_classification_loader", "require_mxnet_gpu"]
@@ -141,7 +142,7 @@ class DALIClassificationIter(_EpochIter, _DaliBaseIterator):
                                               transform=self._transform)
         self._pipes = []  # drop the previous pipeline (a restore) before the new one starts its threads
         # DROP is counted in next(), over DALI's PARTIAL: DALI's own DROP leaves a padded batch in the
-        # pipeline for the next epoch (crossdali.common.dali_loader.DALIIteratorLoader._iterator_policy)
+        # pipeline for the next epoch (crossdali.common.loading.dali_loader.DALIIteratorLoader._iterator_policy)
         dali_policy = LastBatchPolicy.PARTIAL if self.policy == LastBatchPolicy.DROP else self.policy
         _DaliBaseIterator.__init__(self, [pipe], reader_name=READER_NAME, auto_reset=False,
                                    last_batch_policy=dali_policy, prepare_first_batch=False)
@@ -404,11 +405,11 @@ def create_classification_loader(
     ``crossdali.pytorch.create_classification_loader``.
 
     ``data`` is a dataset folder (ImageFolder with train/ and val/, TFRecord, RecordIO or file
-    lists; see ``crossdali.common.sources.resolve_source``) or a resolved ``DataSource``;
+    lists; see ``crossdali.common.data.sources.resolve_source``) or a resolved ``DataSource``;
     ``native`` needs RecordIO. ``dist`` shards by the global rank. ``device_id`` is the GPU for
     ``dali-gpu`` (default: the local rank). ``last_batch`` overrides the epoch rule.
     ``checkpointing`` lets ``state_dict()`` save DALI's position inside an epoch (a bit-exact
-    mid-epoch resume). The result implements ``crossdali.common.loaders.Loader`` and has
+    mid-epoch resume). The result implements ``crossdali.common.loading.loaders.Loader`` and has
     ``provide_data`` and ``provide_label``.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,

@@ -16,7 +16,7 @@ cross-entropy, val mAP and macro F1 (the best checkpoint is the best mAP), as th
 scripts do; the lists go through ``crossdali.mxnet.create_multilabel_loader``.
 
 Checkpoints (rank 0, at epoch ends): ``checkpoint.params`` (weights), ``.states`` (optimizer) and
-``.json`` (``crossdali.common.runs.checkpoint_meta``: class names, arch, epochs done, val top-1,
+``.json`` (``crossdali.common.scripts.runs.checkpoint_meta``: class names, arch, epochs done, val top-1,
 the full config), what ``--resume`` takes; and ``checkpoint_best.params``/``.states``/``.json``, the
 same from the epoch of the best val top-1.
 """
@@ -35,9 +35,11 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from crossdali.common import script_parsers
-from crossdali.common.metrics import format_test_line, val_stats
-from crossdali.common.runs import (
+from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
+from crossdali.common.data.sources import resolve_source
+from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.metrics import format_test_line, val_stats
+from crossdali.common.scripts.runs import (
     BestCheckpoint,
     StepLog,
     checkpoint_meta,
@@ -48,10 +50,8 @@ from crossdali.common.runs import (
     open_metrics,
     write_json,
 )
-from crossdali.common.sample_data import ensure_classification, ensure_multilabel
-from crossdali.common.script import run
-from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import (
+from crossdali.common.scripts.script import run
+from crossdali.common.scripts.train_args import (
     log_accepted_flags,
     resolve_backend,
     resolve_num_classes,
@@ -98,7 +98,7 @@ def resolve_arch(arch: str) -> str:
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    """This script's flags, defined framework-free (``crossdali.common.scripts.script_parsers``) so that
     ``crossdali train classification --framework mxnet --help`` answers before MXNet loads."""
     return script_parsers.mxnet_classification(add_help=add_help)
 

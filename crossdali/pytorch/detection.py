@@ -31,9 +31,9 @@ from crossdali.common.detection import (
     resolve_detection_source,
 )
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import prepare_split
-from crossdali.common.sources import DataError
+from crossdali.common.errors import DataError
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.loaders import prepare_split
 from crossdali.pytorch.boxes import BoxCoder
 from crossdali.pytorch.loaders import DALILoader, NativeLoader, ShardSampler, require_cuda
 

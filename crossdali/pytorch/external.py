@@ -3,7 +3,7 @@ encoded images, through DALI's ``fn.external_source`` and crossdali's classifica
 
 Everything about the source (indexed or stream, sharding, epochs, parallel workers, resuming,
 the trim of a padded last batch) is framework-free in ``crossdali.common.external`` and
-``crossdali.common.external_loader``; this module only turns the pipeline's outputs into torch
+``crossdali.common.loading.external_loader``; this module only turns the pipeline's outputs into torch
 tensors (DALI's PyTorch iterator, as ``DALILoader``). See docs/external-source.md.
 """
 
@@ -17,7 +17,7 @@ import torch
 from crossdali.common.classification import ClassificationTransform
 from crossdali.common.distributed import DistInfo
 from crossdali.common.external import ExternalSourceOptions, prepare_external_source
-from crossdali.common.external_loader import ExternalLoaderMixin
+from crossdali.common.loading.external_loader import ExternalLoaderMixin
 from crossdali.pytorch.loaders import DALILoader, require_cuda
 
 __all__ = ["EXTERNAL_BACKENDS", "ExternalSourceLoader", "ExternalSourceOptions", "create_external_source_loader"]
@@ -27,7 +27,7 @@ EXTERNAL_BACKENDS = ("dali-gpu", "dali-cpu")
 
 class ExternalSourceLoader(ExternalLoaderMixin, DALILoader):
     """``DALILoader`` over an external source, torch tensors out; epochs, trimming and resuming are
-    ``crossdali.common.external_loader.ExternalLoaderMixin``'s."""
+    ``crossdali.common.loading.external_loader.ExternalLoaderMixin``'s."""
 
 
 def create_external_source_loader(

@@ -11,7 +11,7 @@ Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
 
 Every backend yields ``images`` (N, C, H, W) float and ``labels`` (N,) int64 (``channels_last``: the
 same shape in torch's channels-last memory format), honours the same epoch rules
-(``crossdali.common.epochs``) and implements the loader contract (``crossdali.common.loaders.Loader``:
+(``crossdali.common.loading.epochs``) and implements the loader contract (``crossdali.common.loading.loaders.Loader``:
 ``len``, ``batch_size``, ``num_classes``, ``state_dict``).
 """
 
@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
-from crossdali.common.cuda_queues import queues_hint
-from crossdali.common.dali_loader import DALIIteratorLoader
+from crossdali.common.data.sources import DataSource, explain_decode_failure, resolve_source
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import prepare_split
+from crossdali.common.errors import DataError
+from crossdali.common.loading.cuda_queues import queues_hint
+from crossdali.common.loading.dali_loader import DALIIteratorLoader
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.loaders import prepare_split
 from crossdali.common.options import CLASSIFICATION_BACKENDS
-from crossdali.common.sources import DataError, DataSource, explain_decode_failure, resolve_source
 
 __all__ = ["BACKENDS", "create_classification_loader", "DALILoader", "NativeLoader", "ShardSampler",
            "SyntheticBatches"]
@@ -46,11 +47,11 @@ def require_cuda(backend: str, hint: str = "use dali-cpu") -> None:
 
 
 class DALILoader(DALIIteratorLoader):
-    """DALI's PyTorch iterator over one of the shared pipelines (``crossdali.common.dali_loader``):
+    """DALI's PyTorch iterator over one of the shared pipelines (``crossdali.common.loading.dali_loader``):
     plain tuples of torch tensors, epochs, padding-only batches skipped, errors naming the file,
     ``state_dict`` with DALI's checkpoint for a bit-exact mid-epoch resume. On the GPU, a process that
     left ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is told once how to keep DALI from falling behind the
-    model (``crossdali.common.cuda_queues``)."""
+    model (``crossdali.common.loading.cuda_queues``)."""
 
     _hinted = False  # the queues hint, once per process
 
@@ -151,7 +152,7 @@ class NativeLoader:
 class SyntheticBatches:
     """One batch of tensors, repeated: the upper bound a training loop reaches with free input
     (``--data-backend synthetic``), with the loader contract of the real loaders. ``sizes`` are the
-    batch sizes of an epoch (``crossdali.common.epochs.batch_sizes``: the data loaders' own, short last
+    batch sizes of an epoch (``crossdali.common.loading.epochs.batch_sizes``: the data loaders' own, short last
     batch included, so its epoch has the same steps as theirs; measured: the 3-image step a bench-set
     epoch ends with put dali-gpu at 90.7 % of always-full synthetic batches against 93.0 % with every
     batch full, results/classification/train_rounds_{partial,drop}_run2_2026-11-26.json)."""
@@ -219,7 +220,7 @@ def create_classification_loader(
     """An iterable of ``(images, labels)`` for the train or val split of ``data``.
 
     ``data`` is a dataset folder (ImageFolder with train/ and val/, or TFRecord / RecordIO / file
-    list, see ``crossdali.common.sources.resolve_source``) or an already resolved ``DataSource``.
+    list, see ``crossdali.common.data.sources.resolve_source``) or an already resolved ``DataSource``.
     ``workers`` is DALI's thread count or the DataLoader's worker count. ``dist`` shards by the
     global rank (default: one process). ``device_id`` is the GPU for ``dali-gpu`` (default: the
     local rank). ``last_batch`` overrides the epoch rule ('partial' | 'drop'). ``checkpointing``
@@ -237,7 +238,7 @@ def create_classification_loader(
     torch.channels_last)``), what a model converted with ``model.to(memory_format=torch.channels_last)``
     computes in: DALI writes NHWC and the batch is its view, so no copy is made on the GPU per step
     (which bought ResNet-50 training no speed on an H100, so the training script keeps NCHW batches:
-    README, classification training). The result implements ``crossdali.common.loaders.Loader``.
+    README, classification training). The result implements ``crossdali.common.loading.loaders.Loader``.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 from crossdali.common.classification import ClassificationTransform
+from crossdali.common.errors import DataError
 from crossdali.common.inference import EncodedImage, InferencePipeline, MicroBatcher, prepare_image
 from crossdali.common.options import PipelineOptions
-from crossdali.common.sources import DataError
 
 __all__ = ["CheckpointError", "Prediction", "Predictor", "get_args_parser", "load_inference_checkpoint", "main", "run"]
 

@@ -23,14 +23,15 @@ import logging
 import torch
 import torchvision
 
-from crossdali.common import script_parsers
-from crossdali.common.metrics import format_test_line
+from crossdali.common.data.sample_data import class_names as sample_class_names
+from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
+from crossdali.common.data.sources import resolve_source
+from crossdali.common.errors import UsageError
 from crossdali.common.multilabel import resolve_multilabel_splits
-from crossdali.common.sample_data import class_names as sample_class_names
-from crossdali.common.sample_data import ensure_classification, ensure_multilabel
-from crossdali.common.script import UsageError, run
-from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import resolve_num_classes
+from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.metrics import format_test_line
+from crossdali.common.scripts.script import run
+from crossdali.common.scripts.train_args import resolve_num_classes
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.loaders import create_classification_loader
 from crossdali.pytorch.multilabel import create_multilabel_loader
@@ -55,7 +56,7 @@ log = logging.getLogger("crossdali.train")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    """This script's flags, defined framework-free (``crossdali.common.scripts.script_parsers``) so that
     ``crossdali train classification --framework pytorch --help`` answers before PyTorch loads."""
     return script_parsers.pytorch_classification(add_help=add_help)
 

@@ -39,14 +39,15 @@ from typing import Any, TypeVar
 
 import torch
 
-from crossdali.common.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
-from crossdali.common.cuda_queues import share_gpu_with_dali
 from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
-from crossdali.common.metrics import MetricsWriter, topk_for
-from crossdali.common.progress import EpochProgress
-from crossdali.common.runs import choose_run_dir, epoch_line, finish_run, open_metrics, plain_config
-from crossdali.common.script import TrainingStopped, UsageError, configure_logging
-from crossdali.common.train_args import resolve_backend
+from crossdali.common.errors import UsageError
+from crossdali.common.loading.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
+from crossdali.common.loading.cuda_queues import share_gpu_with_dali
+from crossdali.common.scripts.metrics import MetricsWriter, topk_for
+from crossdali.common.scripts.progress import EpochProgress
+from crossdali.common.scripts.runs import choose_run_dir, epoch_line, finish_run, open_metrics, plain_config
+from crossdali.common.scripts.script import TrainingStopped, configure_logging
+from crossdali.common.scripts.train_args import resolve_backend
 from crossdali.pytorch.distributed import Runtime, init_distributed
 from crossdali.pytorch.loaders import SyntheticBatches  # the scripts' synthetic loader, in __all__ here too
 
@@ -70,7 +71,7 @@ _FORMAT = "crossdali.pytorch.training/1"
 def training_session(*, engine: str, debug: bool = False) -> Iterator[tuple[Runtime, StopRequest]]:
     """The process group (``--engine``), logging (INFO on rank 0), and SIGTERM/SIGINT turned into a
     graceful stop, undone at the end whatever happens. First of all, before CUDA starts: a hardware
-    queue for each of DALI's streams (``crossdali.common.cuda_queues``)."""
+    queue for each of DALI's streams (``crossdali.common.loading.cuda_queues``)."""
     queues = share_gpu_with_dali()
     runtime = init_distributed(engine=engine)
     configure_logging(is_main=runtime.dist.is_main, debug=debug)
@@ -467,7 +468,7 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     amp: MixedPrecision
-    loader: Any  # the train loader (crossdali.common.loaders.Loader)
+    loader: Any  # the train loader (crossdali.common.loading.loaders.Loader)
     epoch: int = 0
     step: int = 0
     global_step: int = 0

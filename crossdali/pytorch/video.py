@@ -3,16 +3,16 @@
 Backends: ``dali-gpu`` (NVDEC; VP9, H.264, HEVC, AV1; tensors on ``cuda:<device_id>``) and
 ``dali-cpu`` (FFmpeg on the CPU; VP8/VP9 only; tensors on the CPU). Clips are ``(N, C, F, H, W)``
 (``layout="NCFHW"``, what torchvision's video models take) or ``(N, F, H, W, C)``; labels ``(N,)``
-int64. Epochs follow ``crossdali.common.epochs``: val sees every clip exactly once across ranks.
+int64. Epochs follow ``crossdali.common.loading.epochs``: val sees every clip exactly once across ranks.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from crossdali.common.data.sources import DataSource
 from crossdali.common.distributed import DistInfo
-from crossdali.common.sources import DataSource
-from crossdali.common.video_loaders import VIDEO_BACKENDS, plan_video_split
+from crossdali.common.loading.video_loaders import VIDEO_BACKENDS, plan_video_split
 from crossdali.pytorch.loaders import DALILoader, require_cuda
 
 __all__ = ["VIDEO_BACKENDS", "create_video_loader"]

@@ -5,8 +5,10 @@ import line. The ``create_*_dataset`` functions return the plain ``tf.data.Datas
 ``model.fit``); iterating a loader keeps ``dali-gpu`` batches on the GPU.
 """
 
+from crossdali.tensorflow.quiet import import_tensorflow
+
 try:
-    import tensorflow  # noqa: F401
+    import_tensorflow()  # without TensorFlow's start-up banners, unless --debug
 except ImportError:  # pragma: no cover - depends on the environment
     raise ImportError("crossdali.tensorflow needs TensorFlow and DALI's TF plugin: from the crossdali checkout run "
                       "`pip install -r requirements/tensorflow.txt -e . && pip install --no-build-isolation "

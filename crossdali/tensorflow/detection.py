@@ -5,7 +5,7 @@ Same batches as ``crossdali.pytorch.create_detection_loader``: train ``(images (
 offsets (N, A, 4), labels (N, A) int64)`` with A the SSD300 default boxes
 (``crossdali.common.anchors``: 8,732); val ``(images, boxes (N, M, 4), labels (N, M),
 image_ids (N,))`` with M the longest box list of the batch. Epochs follow
-``crossdali.common.epochs`` through ``crossdali.tensorflow.loaders.DALILoader``: val sees every
+``crossdali.common.loading.epochs`` through ``crossdali.tensorflow.loaders.DALILoader``: val sees every
 image exactly once across shards; ``dali-gpu`` batches stay on the GPU.
 """
 
@@ -27,8 +27,8 @@ from crossdali.common.detection import (
     resolve_detection_source,
 )
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import prepare_split
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.loaders import prepare_split
 from crossdali.tensorflow.loaders import NO_DALI_CHECKPOINTS, DALILoader
 
 __all__ = ["DETECTION_BACKENDS", "create_detection_loader", "create_detection_dataset"]

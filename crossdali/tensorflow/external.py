@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from crossdali.common.classification import ClassificationTransform
 from crossdali.common.distributed import DistInfo
+from crossdali.common.errors import DataError
 from crossdali.common.external import (
     PACKED_INPUT,
     ExternalPlan,
@@ -32,9 +33,8 @@ from crossdali.common.external import (
     create_packed_external_source_pipeline,
     prepare_external_source,
 )
-from crossdali.common.external_loader import explain_external
+from crossdali.common.loading.external_loader import explain_external
 from crossdali.common.options import PipelineOptions
-from crossdali.common.sources import DataError
 from crossdali.tensorflow.devices import tf_device
 from crossdali.tensorflow.loaders import NO_DALI_CHECKPOINTS, DALILoader, EpochPlan, _image_shape, pipeline_run_kwargs
 

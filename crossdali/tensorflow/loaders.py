@@ -13,7 +13,7 @@ Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
 - ``synthetic``: one random batch repeated, to measure the model without an input pipeline.
 
 Every backend yields ``images`` (N, H, W, C) float (``layout="CHW"`` for N, C, H, W) and ``labels``
-(N,) int64, follows ``crossdali.common.epochs`` and implements ``crossdali.common.loaders.Loader``.
+(N,) int64, follows ``crossdali.common.loading.epochs`` and implements ``crossdali.common.loading.loaders.Loader``.
 
 Epochs over DALIDataset. ``DALIDataset`` is an endless stream that knows nothing of epochs (no
 ``reader_name``, no ``LastBatchPolicy``), and every ``iter()`` over it builds a *new* pipeline
@@ -40,11 +40,12 @@ import numpy as np
 import tensorflow as tf
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
+from crossdali.common.data.sources import DataSource, explain_decode_failure, find_undecodable, resolve_source
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import SplitPlan, prepare_split
+from crossdali.common.errors import DataError
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.loaders import SplitPlan, prepare_split
 from crossdali.common.options import CLASSIFICATION_BACKENDS, PipelineOptions
-from crossdali.common.sources import DataError, DataSource, explain_decode_failure, find_undecodable, resolve_source
 from crossdali.tensorflow.devices import enable_memory_growth, tf_device
 
 __all__ = [
@@ -576,13 +577,13 @@ def create_classification_loader(
     """A loader of ``(images, labels)`` TF batches for the train or val split of ``data``.
 
     ``data`` is a dataset folder (ImageFolder with train/ and val/, TFRecord, RecordIO or file
-    list, see ``crossdali.common.sources.resolve_source``) or an already resolved ``DataSource``.
+    list, see ``crossdali.common.data.sources.resolve_source``) or an already resolved ``DataSource``.
     ``workers`` is DALI's thread count or tf.data's parallel calls. ``dist`` shards by the global
     rank (default: one process). ``device_id`` is the GPU for ``dali-gpu`` (default: the local
     rank). ``layout`` is ``"HWC"`` (Keras' channels_last, the default) or ``"CHW"``.
     ``last_batch`` overrides the epoch rule ('partial' | 'drop'). ``checkpointing`` must stay off:
     DALIDataset cannot restore DALI checkpoints (``state_dict`` is epoch-level, docs/tensorflow.md).
-    The result implements ``crossdali.common.loaders.Loader``.
+    The result implements ``crossdali.common.loading.loaders.Loader``.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),

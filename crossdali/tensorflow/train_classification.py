@@ -37,10 +37,12 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from crossdali.common import script_parsers
-from crossdali.common.background import fetch_ahead
-from crossdali.common.metrics import format_test_line, val_stats
-from crossdali.common.runs import (
+from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
+from crossdali.common.data.sources import resolve_source
+from crossdali.common.loading.background import fetch_ahead
+from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.metrics import format_test_line, val_stats
+from crossdali.common.scripts.runs import (
     BestCheckpoint,
     StepLog,
     checkpoint_meta,
@@ -51,10 +53,8 @@ from crossdali.common.runs import (
     open_metrics,
     write_json,
 )
-from crossdali.common.sample_data import ensure_classification, ensure_multilabel
-from crossdali.common.script import run
-from crossdali.common.sources import resolve_source
-from crossdali.common.train_args import (
+from crossdali.common.scripts.script import run
+from crossdali.common.scripts.train_args import (
     log_accepted_flags,
     resolve_backend,
     resolve_num_classes,
@@ -66,7 +66,7 @@ log = logging.getLogger("crossdali.train")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    """This script's flags, defined framework-free (``crossdali.common.scripts.script_parsers``) so that
     ``crossdali train classification --framework tensorflow --help`` answers before TensorFlow loads."""
     return script_parsers.tensorflow_classification(add_help=add_help)
 

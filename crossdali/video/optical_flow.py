@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from crossdali.common.classification import PipelineOptions
-from crossdali.common.sample_data.video import VIDEO_SIZES, ensure_video
+from crossdali.common.data.sample_data.video import VIDEO_SIZES, ensure_video
 from crossdali.common.video import (
     create_optical_flow_pipeline,
     flow_to_frame_pixels,

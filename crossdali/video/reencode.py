@@ -21,7 +21,8 @@ import argparse
 from fractions import Fraction
 from pathlib import Path
 
-from crossdali.common.script import UsageError, run
+from crossdali.common.errors import UsageError
+from crossdali.common.scripts.script import run
 from crossdali.common.video import ENCODERS, encoder_settings
 
 

@@ -20,10 +20,10 @@ import logging
 
 import torch
 
-from crossdali.common import script_parsers
-from crossdali.common.epochs import batch_sizes, choose_last_batch_policy
-from crossdali.common.sample_data.video import ensure_video
-from crossdali.common.script import run
+from crossdali.common.data.sample_data.video import ensure_video
+from crossdali.common.loading.epochs import batch_sizes, choose_last_batch_policy
+from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.script import run
 from crossdali.common.video import resolve_video_source
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.training import (
@@ -46,7 +46,7 @@ log = logging.getLogger("crossdali.video.train")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """This script's flags, defined framework-free (``crossdali.common.script_parsers``) so that
+    """This script's flags, defined framework-free (``crossdali.common.scripts.script_parsers``) so that
     ``crossdali train video --help`` answers before PyTorch loads."""
     return script_parsers.video_classification(add_help=add_help)
 

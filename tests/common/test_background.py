@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from crossdali.common.background import BackgroundIterator, fetch_ahead
+from crossdali.common.loading.background import BackgroundIterator, fetch_ahead
 
 
 class Counted:

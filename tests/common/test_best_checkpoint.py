@@ -1,4 +1,4 @@
-"""The best checkpoint of the TensorFlow, MXNet and JAX scripts (crossdali.common.runs.BestCheckpoint):
+"""The best checkpoint of the TensorFlow, MXNet and JAX scripts (crossdali.common.scripts.runs.BestCheckpoint):
 which epoch counts as best (PyTorch's rule), what a resumed run remembers, what lands on disk.
 No framework is imported here; tests/{tensorflow,jax,mxnet}/*_train.py check it on real runs."""
 
@@ -8,8 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
-from crossdali.common.metrics import MetricsWriter
-from crossdali.common.runs import BEST_CHECKPOINT, BestCheckpoint, improved
+from crossdali.common.scripts.metrics import MetricsWriter
+from crossdali.common.scripts.runs import BEST_CHECKPOINT, BestCheckpoint, improved
 
 META = {"framework": "f", "arch": "a", "num_classes": 2, "class_names": ["cat", "dog"],
         "config": argparse.Namespace(data=Path("/d"), lr=0.1, resume=None)}

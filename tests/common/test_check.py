@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from crossdali.common.sources import DataError, resolve_source
+from crossdali.common.data.sources import resolve_source
+from crossdali.common.errors import DataError
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +44,9 @@ def test_recordio_index_past_the_end_and_missing_records(tmp_path, tiny_classifi
 
 
 def test_bad_record_is_excluded_through_a_filtered_index(tmp_path, tiny_classification):
-    from crossdali.common.check import check_data
     from crossdali.common.classification import ClassificationTransform, PipelineOptions, create_classification_pipeline
-    from crossdali.common.sample_data.formats import write_tfrecord
+    from crossdali.common.data.check import check_data
+    from crossdali.common.data.sample_data.formats import write_tfrecord
 
     data = tmp_path / "tf"
     data.mkdir()
@@ -66,13 +67,13 @@ def test_bad_record_is_excluded_through_a_filtered_index(tmp_path, tiny_classifi
 
 @pytest.fixture(scope="module")
 def detection_root(data_root):
-    from crossdali.common.sample_data.detection import ensure_detection
+    from crossdali.common.data.sample_data.detection import ensure_detection
 
     return ensure_detection(data_root, "tiny")
 
 
 def test_coco_size_mismatch_missing_file_and_exclusion(tmp_path, detection_root):
-    from crossdali.common.check import check_data
+    from crossdali.common.data.check import check_data
     from crossdali.common.detection import resolve_detection_source
 
     root = tmp_path / "coco"
@@ -97,7 +98,7 @@ def test_coco_size_mismatch_missing_file_and_exclusion(tmp_path, detection_root)
 
 
 def test_cache_makes_a_second_check_skip_unchanged_files(tmp_path, tiny_classification, monkeypatch):
-    import crossdali.common.check.core as core
+    import crossdali.common.data.check.core as core
     from tests.conformance.corpus import case_bytes, image_folder
 
     root = image_folder(tmp_path / "data", tiny_classification, *case_bytes(tiny_classification)["gif"])
@@ -117,7 +118,7 @@ def test_cache_makes_a_second_check_skip_unchanged_files(tmp_path, tiny_classifi
 def test_unreadable_file_is_named_with_or_without_a_cache(tmp_path, tiny_classification, processes):
     """A file that cannot be opened is reported whether the cache is empty (the header readers take
     each file's signature from the open file) or answers for the other files (stat first)."""
-    from crossdali.common.check.core import CheckSettings, check_image_files
+    from crossdali.common.data.check.core import CheckSettings, check_image_files
 
     good = sorted((tiny_classification / "imagefolder" / "val").rglob("*.jpg"))[:3]
     folder = tmp_path / "files"
@@ -142,7 +143,7 @@ def test_unreadable_file_is_named_with_or_without_a_cache(tmp_path, tiny_classif
 
 
 def test_command_line_writes_report_and_exclusion_list(tmp_path, tiny_classification, capsys):
-    from crossdali.common.check.__main__ import get_args_parser, main
+    from crossdali.common.data.check.__main__ import get_args_parser, main
     from tests.conformance.corpus import case_bytes, image_folder
 
     cases = case_bytes(tiny_classification)
@@ -161,7 +162,7 @@ def test_command_line_writes_report_and_exclusion_list(tmp_path, tiny_classifica
 
 
 def test_explain_names_the_file_dali_named_or_finds_it(tmp_path, tiny_classification):
-    from crossdali.common.sources import explain_files_failure
+    from crossdali.common.data.sources import explain_files_failure
     from tests.conformance.corpus import case_bytes, image_folder
 
     named = explain_files_failure(RuntimeError("Error in CPU operator `nvidia.dali.fn.readers.file`\n"
@@ -185,7 +186,7 @@ def test_jpeg_header_without_pillow_reads_what_pillow_reads(mode, progressive):
 
     from PIL import Image
 
-    from crossdali.common.check.images import inspect_image
+    from crossdali.common.data.check.images import inspect_image
 
     buf = io.BytesIO()
     Image.new(mode, (37, 23), color=(90,) * len(mode)).save(buf, "JPEG", progressive=progressive, quality=80)
@@ -207,7 +208,7 @@ def test_jpeg_walk_refuses_a_scan_the_cpu_decoder_cannot_decode():
 
     from PIL import Image
 
-    from crossdali.common.check.images import inspect_image
+    from crossdali.common.data.check.images import inspect_image
     from tests.conformance.corpus import header_segments, patched
 
     buf = io.BytesIO()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from crossdali.common.check.decode import CHUNK_SAMPLES, decode_file_list, decode_files, decode_samples
+from crossdali.common.data.check.decode import CHUNK_SAMPLES, decode_file_list, decode_files, decode_samples
 from tests.conformance.corpus import EXPECTED, FULL_ONLY, case_bytes
 
 
@@ -96,9 +96,9 @@ def test_full_check_through_the_file_reader_gives_the_streaming_report(corpus, t
     """Every corpus case in one folder: the full pass that reads every header first and decodes
     through DALI's file reader (the GPU's way, forced here on the CPU) finds exactly what the
     streaming full pass finds, and counts every file once on the progress bar."""
-    from crossdali.common.check import core
-    from crossdali.common.check.core import CheckSettings, check_image_files
-    from crossdali.common.sources import scan_image_folder
+    from crossdali.common.data.check import core
+    from crossdali.common.data.check.core import CheckSettings, check_image_files
+    from crossdali.common.data.sources import scan_image_folder
     from tests.conformance.corpus import image_folder
 
     root = tmp_path / "data"
@@ -129,7 +129,7 @@ def test_a_stream_shorter_than_the_pipeline_depth(corpus):
 def test_full_check_on_the_gpu_reaches_the_cpu_verdicts(corpus, tiny_classification, tmp_path, monkeypatch):
     """Every corpus case in one folder: the GPU full pass refuses what the CPU full pass refuses,
     except decoder warnings, which only libjpeg-turbo (CPU) prints."""
-    from crossdali.common.check import check_data
+    from crossdali.common.data.check import check_data
     from tests.conformance.corpus import image_folder
 
     monkeypatch.setenv("CROSSDALI_CACHE", str(tmp_path / "cache"))
@@ -154,8 +154,8 @@ def test_headers_inspected_in_processes_give_the_same_report(depth, corpus, tiny
     callback writes to file descriptor 2 as a terminal bar does: the decoder captures it to read
     decoder warnings, so the bar must be drawn outside that capture (it would make the chunk look
     like a warning and be decoded again, batch by batch)."""
-    from crossdali.common.check.core import CheckSettings, check_image_files
-    from crossdali.common.sources import scan_image_folder
+    from crossdali.common.data.check.core import CheckSettings, check_image_files
+    from crossdali.common.data.sources import scan_image_folder
     from tests.conformance.corpus import image_folder
 
     root = tmp_path / "data"

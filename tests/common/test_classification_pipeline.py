@@ -12,7 +12,8 @@ from crossdali.common.classification import (
     PipelineOptions,
     create_classification_pipeline,
 )
-from crossdali.common.sources import DataError, resolve_source
+from crossdali.common.data.sources import resolve_source
+from crossdali.common.errors import DataError
 
 FORMATS = {"imagefolder": "imagefolder", "filelist": "imagefolder", "tfrecord": "tfrecord", "recordio": "recordio",
            "webdataset": "webdataset"}
@@ -88,7 +89,7 @@ def test_hwc_float16_layout(tiny_classification):
 @pytest.mark.parametrize("shards", [1, 2, 3])
 def test_val_exactly_once_over_shards_raw_pipeline(indexed_val_source, assert_epoch_coverage, shards):
     """Straight from the pipeline: each shard's reader returns its slice plus padding; the
-    padding is what an iterator drops (``crossdali.common.epochs``)."""
+    padding is what an iterator drops (``crossdali.common.loading.epochs``)."""
     seen = []
     for shard in range(shards):
         pipe = create_classification_pipeline(
@@ -165,7 +166,7 @@ def test_gif_named_jpg(tmp_path, tiny_classification):
 
 
 def test_corrupt_jpeg_named_at_decode_time(tmp_path, tiny_classification):
-    from crossdali.common.sources import explain_decode_failure
+    from crossdali.common.data.sources import explain_decode_failure
 
     root = _image_folder(tmp_path, tiny_classification)
     bad = root / "val" / "b" / "broken.jpg"

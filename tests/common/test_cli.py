@@ -106,7 +106,7 @@ def test_each_script_parses_with_the_parser_crossdali_train_checks_first(script,
     """The CLI's early parse and the script's own are the same flags, defaults and help."""
     import importlib
 
-    from crossdali.common.script_parsers import PARSERS
+    from crossdali.common.scripts.script_parsers import PARSERS
 
     pytest.importorskip({"pytorch": "torch"}.get(framework, framework))
     ours, theirs = PARSERS[(task, framework)](), importlib.import_module(script).get_args_parser()

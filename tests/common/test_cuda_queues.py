@@ -1,8 +1,8 @@
-"""CUDA's hardware queues for a process where DALI shares the GPU (crossdali.common.cuda_queues)."""
+"""CUDA's hardware queues for a process where DALI shares the GPU (crossdali.common.loading.cuda_queues)."""
 
 from __future__ import annotations
 
-from crossdali.common import cuda_queues
+from crossdali.common.loading import cuda_queues
 
 
 def _unset(monkeypatch) -> None:

@@ -9,7 +9,7 @@ from nvidia.dali.types import SampleInfo
 
 from crossdali.common.classification import ClassificationTransform, PipelineOptions, create_classification_pipeline
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
+from crossdali.common.errors import DataError
 from crossdali.common.external import (
     ExternalSourceOptions,
     IndexedSamples,
@@ -18,7 +18,7 @@ from crossdali.common.external import (
     prepare_external_source,
     to_sample,
 )
-from crossdali.common.sources import DataError
+from crossdali.common.loading.epochs import LastBatchPolicy
 
 BACKENDS = ("dali-cpu", "dali-gpu")
 

@@ -97,7 +97,7 @@ def test_dali_gpu_without_a_gpu_is_one_line_before_any_data_is_read(framework, t
     parser, arch = _parser(framework)
     if _gpu_visible(framework):
         pytest.skip("a GPU is visible here")
-    from crossdali.common.script import run
+    from crossdali.common.scripts.script import run
     script = importlib.import_module(SCRIPTS[framework][1])
     missing = tmp_path / "no-such-folder"  # would be refused later, if the backend were not refused first
     with pytest.raises(SystemExit) as exit_info:

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from crossdali.common.sample_data import ClassificationSampleConfig, build_classification, class_names
-from crossdali.common.sources import resolve_source
+from crossdali.common.data.sample_data import ClassificationSampleConfig, build_classification, class_names
+from crossdali.common.data.sources import resolve_source
 
 SMALL = ClassificationSampleConfig(train_per_class=2, val_per_class=1, min_side=40, max_side=60, seed=3)
 

@@ -10,7 +10,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from crossdali.common.sources import DataError, resolve_source
+from crossdali.common.data.sources import resolve_source
+from crossdali.common.errors import DataError
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +92,7 @@ ACCEPTED_LABEL_TEXTS = [b"0", b"7", b"42", b"12\n", b"12\r\n", b" 345 ", b"\t8\t
 
 
 def test_label_text_parse_equals_int_for_every_accepted_text():
-    from crossdali.common.check.records import MAX_LABEL_DIGITS, MAX_LABEL_TEXT_BYTES, webdataset_image
+    from crossdali.common.data.check.records import MAX_LABEL_DIGITS, MAX_LABEL_TEXT_BYTES, webdataset_image
 
     def accepted(t):
         return webdataset_image({"cls": t}, image_extensions=("jpg",), label_extension="cls")[1]
@@ -109,7 +110,7 @@ def test_label_text_parse_equals_int_for_every_accepted_text():
 
 def test_refused_label_text_gives_a_number_without_error():
     """What the checker refuses never reaches the reader; the parse still must not fail on it."""
-    from crossdali.common.check.records import webdataset_image
+    from crossdali.common.data.check.records import webdataset_image
 
     refused = [b"", b"cat", b"1 2", b"-3", b"9" * 13, b"9" * 40, b" " * 30 + b"123", b"\xff7"]
     for t in refused:
@@ -148,7 +149,7 @@ def test_stale_index_and_unlisted_members_are_refused(tmp_path, tiny_classificat
 
 
 def test_bad_samples_are_named_and_excluded(tmp_path, tiny_classification):
-    from crossdali.common.check import check_data
+    from crossdali.common.data.check import check_data
 
     photos = _photos(tiny_classification)
     members = [m for i, jpg in enumerate(photos) for m in ((f"s{i}.jpg", jpg), (f"s{i}.cls", b"3"))]

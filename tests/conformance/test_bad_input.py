@@ -43,7 +43,7 @@ def _batches(framework: str, root: Path) -> list[np.ndarray]:
 
 
 def _verdict(framework: str, root: Path, name: str) -> str:
-    from crossdali.common.sources import DataError
+    from crossdali.common.errors import DataError
 
     try:
         batches = _batches(framework, root)
@@ -79,7 +79,7 @@ def test_same_verdict_in_every_framework(framework, case, corpus, tiny_classific
 @pytest.mark.parametrize("case", sorted(FULL_ONLY))
 def test_full_check_makes_every_loader_refuse(framework, case, corpus, tiny_classification, tmp_path):
     """After `crossdali check --depth full` the cache knows the file is bad: every loader refuses it."""
-    from crossdali.common.check import check_data
+    from crossdali.common.data.check import check_data
 
     name, data = corpus[case]
     root = image_folder(tmp_path / "data", tiny_classification, name, data)
@@ -91,7 +91,7 @@ def test_full_check_makes_every_loader_refuse(framework, case, corpus, tiny_clas
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_exclusion_list_trains_on_the_rest(framework, corpus, tiny_classification, tmp_path):
     """The exclusion list the check writes is accepted by every framework's loader."""
-    from crossdali.common.check import check_data
+    from crossdali.common.data.check import check_data
 
     root = tmp_path / "data"
     for case in ("gif", "truncated", "forged-30000"):
@@ -101,7 +101,7 @@ def test_exclusion_list_trains_on_the_rest(framework, corpus, tiny_classificatio
     assert len(report.errors) == 3
     pytest.importorskip({"pytorch": "torch", "tensorflow": "tensorflow", "mxnet": "mxnet"}[framework])
     module = __import__(f"crossdali.{framework}", fromlist=["create_classification_loader"])
-    from crossdali.common.sources import resolve_source
+    from crossdali.common.data.sources import resolve_source
 
     source = resolve_source(root, "val", exclude=exclude)
     assert source.num_samples == 6
@@ -116,7 +116,7 @@ def test_exclusion_list_trains_on_the_rest(framework, corpus, tiny_classificatio
 # that had grown past 2 GiB "peaked" at 2.1 GiB in CI while its own peak was 0.75 GiB.
 _RSS_PROBE = textwrap.dedent("""
     import json, sys
-    from crossdali.common.sources import DataError
+    from crossdali.common.errors import DataError
     from crossdali.{framework} import create_classification_loader
     try:
         loader = create_classification_loader(sys.argv[1], train=False, batch_size=4, crop_size=32, workers=1)

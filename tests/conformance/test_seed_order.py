@@ -34,7 +34,7 @@ def _labels(framework: str, source, *, seed: int, epochs: int = 2, dist: DistInf
 @pytest.fixture(scope="module")
 def indexed_train_source(tiny_classification):
     """The tiny train split (264 samples) with each label replaced by the sample's index."""
-    from crossdali.common.sources import DataSource, scan_image_folder
+    from crossdali.common.data.sources import DataSource, scan_image_folder
 
     src = scan_image_folder(tiny_classification / "imagefolder" / "train")
     return DataSource(format="filelist", root=src.root, files=src.files, labels=tuple(range(src.num_samples)),
@@ -68,7 +68,7 @@ def test_drop_leaves_samples_out_but_never_repeats_one(framework, indexed_train_
     every rank began with one sample four times and later samples shifted (PyTorch, JAX and MXNet;
     TensorFlow counted its own epochs). Every epoch: 5 full batches per rank, 40 different samples."""
     pytest.importorskip(FRAMEWORKS[framework])
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
 
     n = 41
     src = DataSource(format="filelist", root=indexed_train_source.root, files=indexed_train_source.files[:n],
@@ -87,8 +87,8 @@ def test_drop_state_from_before_the_fix_is_not_restored(indexed_train_source, ca
     restarts instead, with a warning. The old loader is this one with DALI's own DROP put back."""
     pytest.importorskip("torch")
     import crossdali.pytorch as module
-    from crossdali.common.dali_loader import DALIIteratorLoader
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
+    from crossdali.common.loading.dali_loader import DALIIteratorLoader
 
     n = 41
     src = DataSource(format="filelist", root=indexed_train_source.root, files=indexed_train_source.files[:n],

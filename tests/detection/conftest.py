@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture(scope="session")
 def detection_root(tmp_path_factory) -> Path:
     """The ``tiny`` detection sample set (96 train / 24 val JPEGs), under $CROSSDALI_DATA if set."""
-    from crossdali.common.sample_data.detection import ensure_detection
+    from crossdali.common.data.sample_data.detection import ensure_detection
 
     root = os.environ.get("CROSSDALI_DATA")
     return ensure_detection(Path(root) if root else tmp_path_factory.mktemp("data"), "tiny")
@@ -21,7 +21,7 @@ def detection_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def mini_detection(tmp_path_factory) -> Path:
     """16 train / 8 val small images with large objects: enough for a CPU training run of a few steps."""
-    from crossdali.common.sample_data.detection import DetectionSampleConfig, build_detection
+    from crossdali.common.data.sample_data.detection import DetectionSampleConfig, build_detection
 
     root = os.environ.get("CROSSDALI_DATA")
     root = Path(root) / "ci-mini" if root else tmp_path_factory.mktemp("mini")

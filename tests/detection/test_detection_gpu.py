@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crossdali.common.metrics import read_metrics
+from crossdali.common.scripts.metrics import read_metrics
 
 torch = pytest.importorskip("torch")
 

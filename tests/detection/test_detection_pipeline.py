@@ -18,7 +18,7 @@ from crossdali.common.detection import (
     create_detection_pipeline,
     resolve_detection_source,
 )
-from crossdali.common.sources import DataError
+from crossdali.common.errors import DataError
 
 
 def _run(pipe, names, iters=1):

@@ -8,8 +8,8 @@ from itertools import combinations
 import numpy as np
 from PIL import Image
 
-from crossdali.common.sample_data.detection import CATEGORIES, DETECTION_SIZES, _make_image
-from crossdali.common.sample_data.photos import load_photo
+from crossdali.common.data.sample_data.detection import CATEGORIES, DETECTION_SIZES, _make_image
+from crossdali.common.data.sample_data.photos import load_photo
 
 
 def test_boxes_are_the_pasted_photos(detection_root):

@@ -28,7 +28,7 @@ def jax_compilation_cache(tmp_path_factory):
 def tiny_video(data_root) -> Path:
     """80 train / 20 val VP9 clips of 32 frames, 64x64, 4 motion classes."""
     pytest.importorskip("av", reason="the video sample set is encoded with PyAV: pip install av")
-    from crossdali.common.sample_data import BUILDERS
+    from crossdali.common.data.sample_data import BUILDERS
 
     return BUILDERS["video"](data_root, "tiny")
 
@@ -37,7 +37,7 @@ def tiny_video(data_root) -> Path:
 def gpu_video(data_root) -> Path:
     """20 train / 20 val clips at 128x128: the smallest VP9 frame NVDEC decodes."""
     pytest.importorskip("av", reason="the video sample set is encoded with PyAV: pip install av")
-    from crossdali.common.sample_data import BUILDERS
+    from crossdali.common.data.sample_data import BUILDERS
 
     return BUILDERS["video"](data_root, "gpu-tiny")
 
@@ -45,6 +45,6 @@ def gpu_video(data_root) -> Path:
 @pytest.fixture(scope="session")
 def detection_root(data_root) -> Path:
     """The ``tiny`` detection sample set (96 train / 24 val JPEGs)."""
-    from crossdali.common.sample_data.detection import ensure_detection
+    from crossdali.common.data.sample_data.detection import ensure_detection
 
     return ensure_detection(data_root, "tiny")

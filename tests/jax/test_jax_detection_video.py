@@ -101,7 +101,7 @@ def test_video_pipelines_merge_into_one_batch_with_every_clip_once(tiny_video):
 def test_reads_of_several_clips_unfold_into_clips(tiny_video):
     """``clips_per_read=2`` through the JAX iterator: batches of clips (not reads), a label and a first
     frame per clip, the two clips of a read consecutive in their file, and every clip of the epoch once."""
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
     from crossdali.common.video import resolve_video_source
 
     val = resolve_video_source(tiny_video, "val")

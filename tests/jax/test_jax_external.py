@@ -13,8 +13,8 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("nvidia.dali.plugin.jax")
 
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.loaders import Loader  # noqa: E402
-from crossdali.common.sources import DataError  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
+from crossdali.common.loading.loaders import Loader  # noqa: E402
 from crossdali.jax import create_classification_loader  # noqa: E402
 from crossdali.jax.external import ExternalSourceOptions, create_external_source_loader  # noqa: E402
 

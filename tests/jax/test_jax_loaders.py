@@ -10,10 +10,11 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("nvidia.dali.plugin.jax")
 
 from crossdali.common.classification import ClassificationTransform, create_classification_pipeline  # noqa: E402
+from crossdali.common.data.sources import DataSource, resolve_source  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.loaders import Loader  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
+from crossdali.common.loading.loaders import Loader  # noqa: E402
 from crossdali.common.options import PipelineOptions  # noqa: E402
-from crossdali.common.sources import DataError, DataSource, resolve_source  # noqa: E402
 from crossdali.jax import create_classification_loader  # noqa: E402
 
 pytestmark = pytest.mark.jax

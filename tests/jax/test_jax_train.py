@@ -134,9 +134,9 @@ def test_multi_label_training_scores_map_and_keeps_the_best_by_it(data_root, tmp
     and macro F1 each epoch, the best checkpoint chosen by mAP; synthetic data is refused."""
     import json
 
+    from crossdali.common.data.sample_data import ensure_multilabel
     from crossdali.common.multilabel import read_multilabel_list
-    from crossdali.common.sample_data import ensure_multilabel
-    from crossdali.common.script import run
+    from crossdali.common.scripts.script import run
 
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     root = ensure_multilabel(data_root, "tiny")

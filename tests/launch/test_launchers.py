@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from crossdali.common.metrics import read_metrics
+from crossdali.common.scripts.metrics import read_metrics
 
 pytest.importorskip("torch")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from crossdali.common.metrics import read_metrics
+from crossdali.common.scripts.metrics import read_metrics
 
 pytest.importorskip("torch")
 
@@ -40,7 +40,7 @@ def _records(output_dir: Path) -> tuple[dict, list[dict]]:
 
 def test_ssd_under_horovodrun(tmp_path, data_root):
     pytest.importorskip("pycocotools")
-    from crossdali.common.sample_data.detection import DetectionSampleConfig, build_detection
+    from crossdali.common.data.sample_data.detection import DetectionSampleConfig, build_detection
 
     # the detection tests' mini set: 16 train / 8 val images with large objects
     cfg = DetectionSampleConfig(train_images=16, val_images=8, min_side=128, max_side=160, max_objects=3,
@@ -59,7 +59,7 @@ def test_ssd_under_horovodrun(tmp_path, data_root):
 
 def test_video_under_horovodrun(tmp_path, data_root):
     pytest.importorskip("av", reason="the video sample set is encoded with PyAV: pip install av")
-    from crossdali.common.sample_data import BUILDERS
+    from crossdali.common.data.sample_data import BUILDERS
 
     data = BUILDERS["video"](data_root, "tiny")  # 80 train / 20 val clips
     out = tmp_path / "video"

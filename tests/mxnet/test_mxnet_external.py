@@ -13,8 +13,8 @@ import pytest
 mx = pytest.importorskip("mxnet")
 
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.loaders import Loader  # noqa: E402
-from crossdali.common.sources import DataError  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
+from crossdali.common.loading.loaders import Loader  # noqa: E402
 from crossdali.mxnet import (  # noqa: E402
     ExternalSourceOptions,
     create_classification_loader,
@@ -133,8 +133,8 @@ def test_multi_label_gives_multi_hot_rows(val_items):
 
 
 def test_multilabel_list_loader_reads_the_sample_set(data_root):
+    from crossdali.common.data.sample_data import ensure_multilabel
     from crossdali.common.multilabel import read_multilabel_list
-    from crossdali.common.sample_data import ensure_multilabel
 
     root = ensure_multilabel(data_root, "tiny")
     want = read_multilabel_list(root / "val.txt").label_matrix()

@@ -11,9 +11,9 @@ import pytest
 
 mx = pytest.importorskip("mxnet")
 
+from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.loaders import Loader  # noqa: E402
-from crossdali.common.sources import resolve_source  # noqa: E402
+from crossdali.common.loading.loaders import Loader  # noqa: E402
 from crossdali.mxnet import create_classification_loader  # noqa: E402
 
 pytestmark = pytest.mark.mxnet

@@ -9,9 +9,10 @@ import pytest
 
 mx = pytest.importorskip("mxnet")
 
+from crossdali.common.data.sample_data.formats import write_recordio  # noqa: E402
+from crossdali.common.data.sources import DataSource, resolve_source  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.sample_data.formats import write_recordio  # noqa: E402
-from crossdali.common.sources import DataError, DataSource, resolve_source  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
 from crossdali.mxnet import create_classification_loader  # noqa: E402
 
 pytestmark = pytest.mark.mxnet

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from crossdali.common.metrics import read_metrics
+from crossdali.common.scripts.metrics import read_metrics
 
 pytest.importorskip("mxnet")
 
@@ -48,7 +48,7 @@ def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classificat
     assert all(r["train_img_s"] > 0 and r["data_wait_s"] >= 0 and 0 <= r["val_top1"] <= r["val_top5"] <= 100
                for r in epochs)
 
-    # the last checkpoint's JSON says the same as the best's (crossdali.common.runs.checkpoint_meta)
+    # the last checkpoint's JSON says the same as the best's (crossdali.common.scripts.runs.checkpoint_meta)
     last = json.loads((out / "checkpoint.json").read_text())
     assert (last["epoch"], last["value"], last["files"]) == (EPOCHS, epochs[-1]["val_top1"],
                                                              ["checkpoint.params", "checkpoint.states"])
@@ -163,8 +163,8 @@ def test_multi_label_training_scores_map_alone_and_across_dist_sync_workers(tmp_
     """--multi-label as in the PyTorch and JAX scripts: sigmoid + BCE on the multi-label sample set,
     val mAP and macro F1, the best checkpoint by mAP. Under 2 dist_sync workers the val scores are
     gathered, so the job's mAP is the one a single process computes from the saved checkpoint."""
+    from crossdali.common.data.sample_data import ensure_multilabel
     from crossdali.common.multilabel import read_multilabel_list
-    from crossdali.common.sample_data import ensure_multilabel
 
     root = ensure_multilabel(data_root, "tiny")
     args = ["--multi-label", "-b", "16"]

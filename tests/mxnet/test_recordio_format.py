@@ -1,4 +1,4 @@
-"""The hand-written RecordIO of ``crossdali.common.sample_data.formats`` read back by MXNet's own
+"""The hand-written RecordIO of ``crossdali.common.data.sample_data.formats`` read back by MXNet's own
 reader: proves the format (record framing, IRHeader, .idx) without MXNet in the other envs."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 mx = pytest.importorskip("mxnet")
 
-from crossdali.common.sample_data.formats import write_recordio  # noqa: E402
-from crossdali.common.sources import resolve_source  # noqa: E402
+from crossdali.common.data.sample_data.formats import write_recordio  # noqa: E402
+from crossdali.common.data.sources import resolve_source  # noqa: E402
 
 pytestmark = pytest.mark.mxnet
 

@@ -18,7 +18,7 @@ import sys
 import torch
 
 from crossdali.common.distributed import detect_distributed
-from crossdali.common.script import run
+from crossdali.common.scripts.script import run
 from crossdali.pytorch import train_classification
 
 if __name__ == "__main__":

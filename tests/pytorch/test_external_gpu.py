@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
+from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
 from crossdali.common.inference import prepare_image  # noqa: E402
-from crossdali.common.sources import resolve_source  # noqa: E402
 from crossdali.pytorch import create_classification_loader  # noqa: E402
 from crossdali.pytorch.external import ExternalSourceOptions, create_external_source_loader  # noqa: E402
 from crossdali.pytorch.predict import Predictor  # noqa: E402
@@ -56,8 +56,8 @@ def test_channels_last_on_the_gpu_is_the_default_batch_for_external_and_multilab
     """``channels_last`` on CUDA (the script's ``--channels-last``): the external-source and multi-label
     loaders hand out the NCHW view of DALI's NHWC output, the same values as their default batches,
     the external loader's trimmed last batch included."""
+    from crossdali.common.data.sample_data import ensure_multilabel
     from crossdali.common.multilabel import read_multilabel_list
-    from crossdali.common.sample_data import ensure_multilabel
     from crossdali.pytorch.multilabel import create_multilabel_loader
 
     kw = dict(train=False, backend="dali-gpu", batch_size=8, crop_size=CROP, num_classes=55, workers=2)

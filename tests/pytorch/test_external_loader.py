@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.loaders import Loader  # noqa: E402
-from crossdali.common.sources import DataError  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
+from crossdali.common.loading.loaders import Loader  # noqa: E402
 from crossdali.pytorch import create_classification_loader  # noqa: E402
 from crossdali.pytorch.external import ExternalSourceOptions, create_external_source_loader  # noqa: E402
 
@@ -136,7 +136,7 @@ def test_corrupt_jpeg_names_the_source(val_items):
 
 def test_squirrel_store_through_dali_workers(tiny_classification, tmp_path, assert_epoch_coverage):
     pytest.importorskip("squirrel")
-    from crossdali.common.sources import resolve_source
+    from crossdali.common.data.sources import resolve_source
     from crossdali.common.squirrel import SquirrelSource, write_squirrel_store
 
     val = resolve_source(tiny_classification / "imagefolder", "val")

@@ -1,5 +1,5 @@
 """A worker forked from a process holding a dead DALI pipeline in a reference cycle must not run
-its finaliser (``crossdali.common.fork_safety``): DALI's Python workers and PyTorch's DataLoader
+its finaliser (``crossdali.common.loading.fork_safety``): DALI's Python workers and PyTorch's DataLoader
 workers, on real JPEG bytes. Each case is a subprocess: a crash or a hang stays inside it, and under
 pytest the cycle did not reach the worker while in a plain script it did."""
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from crossdali.common.distributed import DistInfo
+from crossdali.common.errors import DataError
 from crossdali.common.multilabel import multilabel_metrics, read_multilabel_list
-from crossdali.common.sources import DataError
 from crossdali.pytorch.multilabel import create_multilabel_loader
 
 
 @pytest.fixture(scope="module")
 def multilabel_root(data_root):
-    from crossdali.common.sample_data import ensure_multilabel
+    from crossdali.common.data.sample_data import ensure_multilabel
 
     return ensure_multilabel(data_root, "tiny")
 
@@ -87,7 +87,7 @@ def test_metrics_against_hand_computed_values():
 
 @pytest.mark.slow
 def test_multi_label_training_learns(tmp_path, multilabel_root):
-    from crossdali.common.metrics import read_metrics
+    from crossdali.common.scripts.metrics import read_metrics
     from crossdali.pytorch import train_classification
 
     torch.manual_seed(0)
@@ -110,7 +110,7 @@ def test_multi_label_training_learns(tmp_path, multilabel_root):
 
 
 def test_native_backend_is_refused_with_the_fix(multilabel_root, capsys):
-    from crossdali.common.script import run
+    from crossdali.common.scripts.script import run
     from crossdali.pytorch import train_classification
 
     with pytest.raises(SystemExit) as exit_info:

@@ -17,8 +17,9 @@ torchvision = pytest.importorskip("torchvision")
 
 from PIL import Image  # noqa: E402
 
+from crossdali.common.data.sources import resolve_source  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
 from crossdali.common.inference import MicroBatcher, prepare_image  # noqa: E402
-from crossdali.common.sources import DataError, resolve_source  # noqa: E402
 from crossdali.pytorch import create_classification_loader  # noqa: E402
 from crossdali.pytorch.predict import (  # noqa: E402
     CheckpointError,
@@ -216,7 +217,7 @@ def test_predict_command(checkpoint, val_files, tmp_path, capsys, monkeypatch):
 
 
 def _jpeg_of(photo: str, size: int = 160) -> bytes:
-    from crossdali.common.sample_data.photos import load_photo
+    from crossdali.common.data.sample_data.photos import load_photo
 
     img = Image.fromarray(load_photo(photo))
     img.thumbnail((size, size))

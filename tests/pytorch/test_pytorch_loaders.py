@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.script import UsageError  # noqa: E402
-from crossdali.common.sources import DataError, resolve_source  # noqa: E402
+from crossdali.common.errors import DataError, UsageError  # noqa: E402
 from crossdali.pytorch import create_classification_loader  # noqa: E402
 
 CROP = 48
@@ -112,7 +112,7 @@ def test_unknown_backend_and_missing_gpu():
         create_classification_loader("x", train=False, backend="dali")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="dali-gpu needs a CUDA GPU"):
-            from crossdali.common.sources import DataSource
+            from crossdali.common.data.sources import DataSource
 
             src = DataSource(format="filelist", root=None, files=("a.jpg",), labels=(0,), num_samples=1)
             create_classification_loader(src, train=False, backend="dali-gpu")
@@ -127,7 +127,7 @@ def test_corrupt_jpeg_error_names_the_file(tmp_path, tiny_classification):
             shutil.copy(f, tmp_path / "val" / cls / f.name)
     bad = tmp_path / "val" / "b" / "zz_broken.jpg"
     bad.write_bytes((tmp_path / "val" / "a" / "0000.jpg").read_bytes()[:300] + bytes(range(256)) * 8)
-    # refused up front by the check's fast pass (crossdali.common.check), for both backends alike
+    # refused up front by the check's fast pass (crossdali.common.data.check), for both backends alike
     with pytest.raises(DataError, match="zz_broken.jpg cannot be decoded"):
         list(create_classification_loader(tmp_path, train=False, backend="dali-cpu", batch_size=4, crop_size=16))
     with pytest.raises(DataError, match="zz_broken.jpg cannot be decoded"):

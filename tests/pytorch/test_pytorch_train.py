@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from crossdali.common.metrics import read_metrics
-from crossdali.common.sample_data import class_names
+from crossdali.common.data.sample_data import class_names
+from crossdali.common.scripts.metrics import read_metrics
 
 torch = pytest.importorskip("torch")
 

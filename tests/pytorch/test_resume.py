@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from crossdali.common.metrics import latest_records, read_metrics
+from crossdali.common.scripts.metrics import latest_records, read_metrics
 
 pytest.importorskip("torch")
 
@@ -34,7 +34,7 @@ TRAIN = ["--data-format", "filelist", "--arch", "resnet18", "--crop-size", "32",
 def indexed_data(tmp_path_factory, tiny_classification) -> Path:
     """File lists whose labels are the sample indices: 64 train images (every 4th of the tiny set's
     train split, so all classes appear) and 16 val images."""
-    from crossdali.common.sources import scan_image_folder
+    from crossdali.common.data.sources import scan_image_folder
 
     root = tmp_path_factory.mktemp("indexed")
     train = scan_image_folder(tiny_classification / "imagefolder" / "train").files[::4][:64]

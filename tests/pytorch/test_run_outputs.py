@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from crossdali.common.metrics import MetricsWriter, format_test_line, latest_records, read_metrics, topk_for, val_stats
-from crossdali.common.progress import EpochProgress, format_duration
-from crossdali.common.runs import choose_run_dir, default_run_dir, plain_config, plot_run, summarize
-from crossdali.common.script import TrainingStopped, UsageError, run
-from crossdali.common.sources import DataError
+from crossdali.common.errors import DataError, UsageError
+from crossdali.common.scripts.metrics import MetricsWriter, format_test_line, latest_records, read_metrics, topk_for, val_stats
+from crossdali.common.scripts.progress import EpochProgress, format_duration
+from crossdali.common.scripts.runs import choose_run_dir, default_run_dir, plain_config, plot_run, summarize
+from crossdali.common.scripts.script import TrainingStopped, run
 
 
 def test_run_folder_names(tmp_path):
@@ -143,7 +143,7 @@ def test_metrics_writer_keeps_records_when_killed(tmp_path):
 
 
 def test_a_new_run_in_a_used_folder_keeps_the_old_metrics_apart(tmp_path):
-    from crossdali.common.runs import open_metrics
+    from crossdali.common.scripts.runs import open_metrics
 
     _write_resumed_run(tmp_path)
     old = (tmp_path / "metrics.jsonl").read_text()

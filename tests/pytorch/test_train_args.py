@@ -1,4 +1,4 @@
-"""One command line, parsed by every training script: the shared flags (crossdali.common.train_args)
+"""One command line, parsed by every training script: the shared flags (crossdali.common.scripts.train_args)
 mean the same everywhere. Also: --help shows the defaults, a wrong --arch is refused with the
 choices before any data is read, and user errors are one line with exit 2 (--debug: a traceback)."""
 

@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.metrics import MetricsWriter  # noqa: E402
-from crossdali.common.script import UsageError  # noqa: E402
+from crossdali.common.errors import UsageError  # noqa: E402
+from crossdali.common.scripts.metrics import MetricsWriter  # noqa: E402
 from crossdali.pytorch.distributed import Runtime  # noqa: E402
 from crossdali.pytorch.training import (  # noqa: E402
     Checkpointer,
@@ -464,7 +464,7 @@ def test_start_all_reduce_sum_over_gloo_and_alone(tmp_path):
 
 def test_synthetic_batches_take_the_given_sizes():
     """SSD's and the video script's synthetic loader: the real loader's batch sizes, short last one too."""
-    from crossdali.common.epochs import LastBatchPolicy, batch_sizes
+    from crossdali.common.loading.epochs import LastBatchPolicy, batch_sizes
 
     sizes = batch_sizes(9, batch_size=4, shard_id=0, num_shards=1, policy=LastBatchPolicy.PARTIAL)
     assert sizes == [4, 4, 1]
@@ -562,5 +562,5 @@ def test_a_model_that_cannot_be_captured_is_a_usage_error_naming_the_fix():
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("crossdali.common.script.UsageError: --cuda-graphs: SyncingNet cannot be captured as a "
+    assert last.startswith("crossdali.common.errors.UsageError: --cuda-graphs: SyncingNet cannot be captured as a "
                            "CUDA graph (") and last.endswith("); rerun with --cuda-graphs off"), proc.stderr[-3000:]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from crossdali.common.metrics import read_metrics
+from crossdali.common.scripts.metrics import read_metrics
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")

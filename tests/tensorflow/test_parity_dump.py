@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
 
 from crossdali.common.classification import ClassificationTransform, PipelineOptions, create_classification_pipeline  # noqa: E402
-from crossdali.common.sources import resolve_source  # noqa: E402
+from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.parity import DumpConfig, compare, dump, load_dump  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.parity]

@@ -12,8 +12,8 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
 
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.loaders import Loader  # noqa: E402
-from crossdali.common.sources import DataError  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
+from crossdali.common.loading.loaders import Loader  # noqa: E402
 from crossdali.tensorflow import create_classification_loader  # noqa: E402
 from crossdali.tensorflow.external import create_external_source_loader, create_multilabel_loader  # noqa: E402
 
@@ -83,8 +83,8 @@ def test_sharded_source_and_multi_hot_labels(val_items, data_root):
     parts = [_ids(list(_loader(Shelves(), train=False, dist=DistInfo(rank=r, world_size=2)))) for r in range(2)]
     assert parts == [list(range(20)) + list(range(33, 55)), list(range(20, 33))]
 
+    from crossdali.common.data.sample_data import ensure_multilabel
     from crossdali.common.multilabel import read_multilabel_list
-    from crossdali.common.sample_data import ensure_multilabel
 
     root = ensure_multilabel(data_root, "tiny")
     loader = create_multilabel_loader(root, train=False, batch_size=16, crop_size=CROP, workers=2)
@@ -109,7 +109,7 @@ def test_bad_samples_and_streams_are_refused_with_the_fix(val_items):
 
 _EXIT_SCRIPT = """
 from crossdali.common.multilabel import read_multilabel_list
-from crossdali.common.sample_data import ensure_multilabel
+from crossdali.common.data.sample_data import ensure_multilabel
 from crossdali.tensorflow.external import create_multilabel_loader
 
 source = read_multilabel_list(ensure_multilabel(size="tiny") / "val.txt")

@@ -13,7 +13,7 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
 
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.loaders import Loader  # noqa: E402
+from crossdali.common.loading.loaders import Loader  # noqa: E402
 from crossdali.tensorflow import create_classification_loader  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
@@ -100,8 +100,8 @@ def test_dalidataset_does_not_restore_dali_checkpoints(tiny_classification):
     over it starts at a fresh run's batch 0. Should a DALI release change this, this test fails and
     the TF loaders can carry DALI checkpoints like the PyTorch ones."""
     from crossdali.common.classification import ClassificationTransform, create_classification_pipeline
+    from crossdali.common.data.sources import resolve_source
     from crossdali.common.options import PipelineOptions
-    from crossdali.common.sources import resolve_source
     from crossdali.tensorflow.loaders import dali_dataset
 
     src = resolve_source(tiny_classification / "imagefolder", "train")

@@ -17,8 +17,9 @@ from crossdali.common.classification import (  # noqa: E402
     PipelineOptions,
     create_classification_pipeline,
 )
+from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
-from crossdali.common.sources import DataError, resolve_source  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
 from crossdali.tensorflow import create_classification_dataset, create_classification_loader  # noqa: E402
 from crossdali.tensorflow.loaders import dali_dataset  # noqa: E402
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from crossdali.common.metrics import read_metrics
+from crossdali.common.scripts.metrics import read_metrics
 
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
@@ -102,9 +102,9 @@ def test_multi_label_training_scores_map_and_keeps_the_best_by_it(data_root, tmp
     --test-only on it gives that mAP again); a non-DALI backend is refused with exit 2."""
     import json
 
+    from crossdali.common.data.sample_data import ensure_multilabel
     from crossdali.common.multilabel import read_multilabel_list
-    from crossdali.common.sample_data import ensure_multilabel
-    from crossdali.common.script import run
+    from crossdali.common.scripts.script import run
 
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     root = ensure_multilabel(data_root, "tiny")

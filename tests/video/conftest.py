@@ -11,7 +11,7 @@ import pytest
 def tiny_video(data_root) -> Path:
     """80 train / 20 val VP9 clips of 32 frames, 64x64, 4 motion classes; H.264 copies; index videos."""
     pytest.importorskip("av", reason="the video sample set is encoded with PyAV: pip install av")
-    from crossdali.common.sample_data import BUILDERS
+    from crossdali.common.data.sample_data import BUILDERS
 
     return BUILDERS["video"](data_root, "tiny")
 
@@ -20,7 +20,7 @@ def tiny_video(data_root) -> Path:
 def gpu_video(data_root) -> Path:
     """20 train / 20 val clips at 128x128: the smallest VP9 frame NVDEC decodes (the tiny set is 64x64)."""
     pytest.importorskip("av", reason="the video sample set is encoded with PyAV: pip install av")
-    from crossdali.common.sample_data import BUILDERS
+    from crossdali.common.data.sample_data import BUILDERS
 
     return BUILDERS["video"](data_root, "gpu-tiny")
 
@@ -30,7 +30,7 @@ def indexed_val_clips(tiny_video):
     """19 val files (an odd clip count: 8-frame clips, stride 2, step 8) labelled by their index, and
     ``{(file index, first frame): clip id}``, so a loader's (label, frame_num) names each clip."""
     pytest.importorskip("torch")
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
     from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
 
     val = resolve_video_source(tiny_video, "val")

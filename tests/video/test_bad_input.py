@@ -20,7 +20,7 @@ def _list(tmp_path, *names: str):
 
 
 def test_missing_video_in_file_list(tmp_path):
-    from crossdali.common.sources import DataError
+    from crossdali.common.errors import DataError
     from crossdali.common.video import check_videos, resolve_video_source
 
     with pytest.raises(DataError, match=r"list\.txt:1: .*gone\.webm does not exist"):
@@ -31,7 +31,7 @@ def test_missing_video_in_file_list(tmp_path):
 
 def test_non_video_file(tmp_path):
     pytest.importorskip("torch")
-    from crossdali.common.sources import DataError
+    from crossdali.common.errors import DataError
     from crossdali.pytorch.video import create_video_loader
 
     (tmp_path / "notes.webm").write_bytes(b"this is not a video\n" * 100)
@@ -40,8 +40,8 @@ def test_non_video_file(tmp_path):
 
 
 def test_variable_frame_rate_file(tmp_path):
-    from crossdali.common.sample_data.video import write_video
-    from crossdali.common.sources import DataError
+    from crossdali.common.data.sample_data.video import write_video
+    from crossdali.common.errors import DataError
     from crossdali.common.video import check_videos
     from crossdali.video.reencode import reencode
 
@@ -63,8 +63,8 @@ def test_variable_frame_rate_h264_for_the_gpu_gets_an_h264_fix_with_key_frames_a
     """On the GPU an H.264 training file keeps H.264 (the legacy reader, fast with shuffled clips):
     the hint re-encodes to an .mp4 with a key frame every clip step, and that fix passes the check
     (probing needs no GPU)."""
-    from crossdali.common.sample_data.video import write_video
-    from crossdali.common.sources import DataError
+    from crossdali.common.data.sample_data.video import write_video
+    from crossdali.common.errors import DataError
     from crossdali.common.video import ClipTransform, check_videos
     from crossdali.video.reencode import reencode
 
@@ -93,7 +93,7 @@ def test_variable_frame_rate_h264_for_the_gpu_gets_an_h264_fix_with_key_frames_a
 
 def test_h264_on_cpu_names_codec_and_fix(tiny_video):
     pytest.importorskip("torch")
-    from crossdali.common.sources import DataError
+    from crossdali.common.errors import DataError
     from crossdali.pytorch.video import create_video_loader
 
     with pytest.raises(DataError, match=r"\.mp4 is h264; DALI decodes only VP8, VP9 and MJPEG on the CPU.*"
@@ -102,8 +102,8 @@ def test_h264_on_cpu_names_codec_and_fix(tiny_video):
 
 
 def test_file_shorter_than_a_clip(tmp_path):
-    from crossdali.common.sample_data.video import write_video
-    from crossdali.common.sources import DataError
+    from crossdali.common.data.sample_data.video import write_video
+    from crossdali.common.errors import DataError
     from crossdali.common.video import ClipTransform, check_videos
 
     write_video(tmp_path / "short.webm", _frames(10))
@@ -137,7 +137,7 @@ def test_optical_flow_example_fails_clearly_without_gpu(tiny_video, tmp_path):
 
 def test_vp9_below_nvdec_minimum_on_gpu_names_file_and_fix(tiny_video):
     """64x64 VP9 decodes on the CPU, but NVDEC rejects VP9 under 128x128 mid-epoch: say so up front."""
-    from crossdali.common.sources import DataError
+    from crossdali.common.errors import DataError
     from crossdali.common.video import check_videos
 
     files = sorted(str(p) for p in tiny_video.rglob("*.webm"))[:2]

@@ -32,7 +32,7 @@ def test_clip_shapes(tiny_video, layout, train):
 
 def _index_pipeline(files, *, sequence_length, stride, step):
     from crossdali.common.classification import PipelineOptions
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
     from crossdali.common.video import ClipTransform, create_clip_pipeline
 
     src = DataSource(format="filelist", root=files[0].parent, files=tuple(map(str, files)),
@@ -48,7 +48,7 @@ def _index_pipeline(files, *, sequence_length, stride, step):
 @pytest.mark.parametrize("sequence_length,stride,step", [(8, 1, None), (6, 3, 4), (5, 2, 7)])
 def test_frame_order_inside_a_clip(tiny_video, sequence_length, stride, step):
     """Frames of a clip are consecutive with the stated stride, starting at the reported frame."""
-    from crossdali.common.sample_data.video import INDEX_LEVEL_STEP
+    from crossdali.common.data.sample_data.video import INDEX_LEVEL_STEP
     from crossdali.common.video import VIDEO_READER_NAME
 
     files = sorted((tiny_video / "index").glob("count_*.webm"))
@@ -114,7 +114,7 @@ def test_the_reader_and_its_clip_count_follow_the_codecs(tiny_video):
     ``sequence_length * stride`` frames. 32-frame files, 8 frames, stride 2, step 17: clips start at
     0 and 17 for the legacy reader (17 + 15 = 32), at 0 only for the experimental one."""
     pytest.importorskip("av")
-    from crossdali.common.sources import DataError
+    from crossdali.common.errors import DataError
     from crossdali.common.video import ClipCounter, ClipTransform, clip_reader, count_clips, resolve_video_source
 
     assert clip_reader("gpu", ["h264", "hevc"]) == "legacy"

@@ -18,7 +18,7 @@ _FIXED = dict(sequence_length=4, stride=2, crop_size=32, random_area=(1.0, 1.0),
 
 def _indexed(src):
     """``src`` with each file labelled by its index, so (label, first frame) names a clip."""
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
 
     return DataSource(format="filelist", root=src.root, files=src.files, labels=tuple(range(len(src.files))),
                       num_samples=len(src.files))
@@ -102,7 +102,7 @@ def test_the_loader_hands_out_clips_and_counts_them(tiny_video, caplog):
 
 
 def test_a_mid_epoch_state_resumes_only_with_the_same_clips_per_read(tiny_video):
-    from crossdali.common.script import UsageError
+    from crossdali.common.errors import UsageError
 
     whole = [(c.numpy(), f.numpy()) for c, _, f in _loader(tiny_video)]
     first = _loader(tiny_video)
@@ -123,7 +123,7 @@ def test_a_mid_epoch_state_resumes_only_with_the_same_clips_per_read(tiny_video)
 
 
 def test_mistakes_are_named(tiny_video):
-    from crossdali.common.script import UsageError
+    from crossdali.common.errors import UsageError
 
     with pytest.raises(UsageError, match=r"batch size 7 is not a multiple of clips_per_read \(--clips-per-read\) 3"):
         _loader(tiny_video, batch_size=7)
@@ -137,7 +137,7 @@ def test_mistakes_are_named(tiny_video):
 
 def test_a_file_too_short_for_one_read_is_named_not_skipped(tiny_video):
     """A file long enough for a clip but not for a read would give no clip: the check names it and the flag."""
-    from crossdali.common.sources import DataError
+    from crossdali.common.errors import DataError
     from crossdali.common.video import ClipTransform, check_videos
 
     files = sorted(str(f) for f in (tiny_video / "index").glob("count_40*.webm"))
@@ -165,8 +165,8 @@ def test_key_frames_further_apart_than_clips_get_a_hint_naming_clips_per_read(tm
     """H.264 with a key frame every 16 frames and 4-frame clips: the probe reads the interval, and a loader
     on NVDEC's legacy reader (shuffled clips on the GPU; counted here without one) is told that reads of 4
     clips decode each interval once; with clips_per_read=4, or key frames at every clip, it is not."""
-    from crossdali.common.sample_data.video import write_video
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sample_data.video import write_video
+    from crossdali.common.data.sources import DataSource
     from crossdali.common.video import ClipTransform, count_clips, probe_video
 
     frames = np.random.default_rng(0).integers(0, 255, (48, 64, 64, 3), dtype=np.uint8)

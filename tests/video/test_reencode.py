@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _source(tmp_path: Path, frames: int = 40) -> Path:
-    from crossdali.common.sample_data.video import write_video
+    from crossdali.common.data.sample_data.video import write_video
 
     rng = np.random.default_rng(0)
     return write_video(tmp_path / "src.webm", rng.integers(0, 256, (frames, 64, 64, 3), dtype=np.uint8))

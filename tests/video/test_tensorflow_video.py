@@ -56,7 +56,7 @@ def test_tf_val_labels_and_exactly_once_over_two_shards(tiny_video):
 def test_tf_reads_of_three_clips_unfold_into_clips(tiny_video):
     """``clips_per_read=3``: batches of 6 clips (2 reads), the 3 clips of a read from one file, every file
     giving the clips of its read grid once an epoch, through both the loader and its ``dataset``."""
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
     from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
     from crossdali.tensorflow.video import create_video_loader
 

@@ -87,7 +87,7 @@ def test_gpu_h264_reads_every_legacy_clip_once(gpu_video):
     ``len()`` is exact. 20 files x 2 clips: batch 4 divides them, so no policy drops any."""
     _require_gpu()
     pytest.importorskip("torch")
-    from crossdali.common.sources import DataSource
+    from crossdali.common.data.sources import DataSource
     from crossdali.common.video import ClipTransform, check_videos, count_clips, resolve_video_source
     from crossdali.pytorch.video import create_video_loader
 

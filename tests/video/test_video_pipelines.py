@@ -99,7 +99,7 @@ def test_a_checkpoint_of_the_other_reader_restarts_the_epoch(indexed_val_clips, 
 
 
 def test_mistakes_are_named(indexed_val_clips):
-    from crossdali.common.script import UsageError
+    from crossdali.common.errors import UsageError
 
     src, _ = indexed_val_clips
     with pytest.raises(UsageError, match=r"pipelines=4 \(--pipelines\) must be positive and divide the batch size 6"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from crossdali.common.metrics import read_metrics
+from crossdali.common.scripts.metrics import read_metrics
 
 #: Chance is 25 % (4 balanced classes). 60 % on 40 val clips is beyond any luck (p < 1e-6 for a
 #: guesser) and is reached after about 5 epochs; 6 epochs measured 82.5 % here.

@@ -17,16 +17,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from crossdali.common.check.exclude import Exclusions, load_exclusions
+from crossdali.common.data.check import records as rec_io
+from crossdali.common.data.check.cache import default_cache_dir
+from crossdali.common.data.check.core import (
+    CheckSettings,
+    check_image_files,
+    check_record_files,
+    problems_error,
+    resolve_device,
+)
+from crossdali.common.data.check.decode import describe_dali_error
+from crossdali.common.data.check.exclude import Exclusions, load_exclusions
+from crossdali.common.data.formats import FORMATS, IMAGE_EXTENSIONS
+from crossdali.common.errors import DataError
 
 __all__ = [
-    "TFRECORD_IMAGE_KEY",
-    "TFRECORD_LABEL_KEY",
-    "WEBDATASET_IMAGE_EXTENSIONS",
-    "WEBDATASET_LABEL_EXTENSION",
     "DataSource",
-    "DataError",
-    "IMAGE_EXTENSIONS",
     "resolve_source",
     "scan_image_folder",
     "read_file_list",
@@ -40,9 +46,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Extensions ``fn.readers.file`` and the decoders accept (case-insensitive).
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".pnm", ".ppm", ".pgm", ".pbm", ".jp2", ".webp")
-
 # Leading bytes of formats DALI decodes, and of common ones it does not.
 _DECODABLE_MAGIC = {
     b"\xff\xd8\xff": "JPEG",
@@ -54,22 +57,6 @@ _DECODABLE_MAGIC = {
     b"\xffO\xffQ": "JPEG 2000",
 }
 _UNSUPPORTED_MAGIC = {b"GIF87a": "GIF", b"GIF89a": "GIF", b"%PDF": "PDF", b"<": "HTML/XML text"}
-
-FORMATS = ("imagefolder", "filelist", "tfrecord", "recordio", "webdataset")
-
-#: The components of a WebDataset sample the classification pipelines read: the image (the first of
-#: these extensions the sample has) and the label as decimal text (``.cls``, WebDataset's convention).
-WEBDATASET_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
-WEBDATASET_LABEL_EXTENSION = "cls"
-
-#: TFRecord features crossdali reads (and its sample set writes): ImageNet's TFRecord convention.
-TFRECORD_IMAGE_KEY = "image/encoded"
-TFRECORD_LABEL_KEY = "image/class/label"
-
-
-class DataError(ValueError):
-    """The dataset on disk is missing, empty or malformed. The message names the path and the fix."""
-
 
 @dataclass(frozen=True)
 class DataSource:
@@ -133,8 +120,6 @@ def validate_files(files: list[str] | tuple[str, ...], *, root: Path | str | Non
     raise one ``DataError`` listing every file that is unreadable, empty, not an image DALI
     decodes, misnamed, truncated, structurally corrupt, or whose header claims more than
     ``max_pixels`` (a forged header is refused before any pixel is allocated)."""
-    from crossdali.common.check.core import CheckSettings, check_image_files, problems_error  # defer: circular
-
     settings = CheckSettings(threads=8, **({"max_pixels": max_pixels} if max_pixels else {}))
     problems, _ = check_image_files(list(files), root=root, settings=settings)
     error = problems_error(problems, where=where, total=len(files))
@@ -226,9 +211,6 @@ def _record_source(fmt: str, data: Path, records: list[Path], *, validate: bool 
     """Records with their indexes; ``validate`` runs the fast check (index against records, every
     record's image header; cached), ``exclude`` leaves records out through a filtered copy of
     the index in the check cache (DALI never reads a record its index does not list)."""
-    from crossdali.common.check import records as rec_io  # defer: circular (check imports this module)
-    from crossdali.common.check.cache import default_cache_dir
-
     exclude = exclude or Exclusions()
     indexes = [r.with_suffix(".idx") for r in records]
     for rec, idx in zip(records, indexes):
@@ -241,8 +223,6 @@ def _record_source(fmt: str, data: Path, records: list[Path], *, validate: bool 
             raise DataError(f"{rec} has no index file {idx}; DALI needs one: create it with {how}")
     kept = [(r, i) for r, i in zip(records, indexes) if not exclude.excludes_file(r)]
     if validate:
-        from crossdali.common.check.core import CheckSettings, check_record_files, problems_error
-
         settings = CheckSettings(**({"max_pixels": max_pixels} if max_pixels else {}))
         problems, total = check_record_files(fmt, [str(r) for r, _ in kept], [str(i) for _, i in kept], root=data,
                                              settings=settings)
@@ -364,12 +344,6 @@ _DALI_NAMES_FILE = re.compile(r"(?:File mapping failed: |TFRecord file: |[Ff]ail
                               r"(?: at index (?P<offset>\d+))?(?: \(|\s|$)")
 
 
-def _dali_says(error: Exception) -> str:
-    from crossdali.common.check.decode import describe_dali_error  # defer: circular
-
-    return describe_dali_error(error)
-
-
 def _is_data_failure(message: str) -> bool:
     return any(k in message for k in ("decoder", "nvImageCodec", "File mapping failed", "TFRecord file",
                                       "recordio", "RecordIO", "Incomplete or corrupted record", "Failed to open"))
@@ -380,8 +354,8 @@ def explain_decode_failure(source: DataSource, error: Exception) -> Exception:
     the fix, identically for every framework (any other error is returned unchanged)."""
     if source.paths:
         return explain_records_failure(source, error)
-    where = ", ".join(source.files[:1]) or str(source.root)
-    return explain_files_failure(error, files=source.files, where=where)
+    # the split's folder: DALI's message does not say which file, so naming one here would name a wrong one
+    return explain_files_failure(error, files=source.files, where=str(source.root))
 
 
 def _first_bad(problems) -> object | None:
@@ -396,15 +370,14 @@ def explain_files_failure(error: Exception, *, files: tuple[str, ...] | list[str
     message = str(error)
     if not _is_data_failure(message):
         return error
-    said = _dali_says(error)
+    said = describe_dali_error(error)
     m = _DALI_NAMES_FILE.search(message)
     if m:
         return DataError(f"{m['path']} cannot be read by DALI ({said}); re-encode, re-download or remove it, "
                          f"or leave it out with --exclude (run `crossdali check` on the data)")
     if files:
-        from crossdali.common.check.core import CheckSettings, check_image_files, resolve_device
-
-        log.warning("DALI failed on a sample in %s without naming it; checking %d files to find it...", where, len(files))
+        log.warning("DALI failed on a sample in %s without naming it; checking %s to find it...", where,
+                    "the file" if len(files) == 1 else f"its {len(files)} files")
         for depth in ("fast", "full"):
             settings = CheckSettings(depth=depth, device=resolve_device("auto"), threads=8)
             bad = _first_bad(check_image_files(list(files), root=None, settings=settings)[0])
@@ -421,9 +394,7 @@ def explain_records_failure(source: DataSource, error: Exception) -> Exception:
     message = str(error)
     if not _is_data_failure(message):
         return error
-    from crossdali.common.check.core import CheckSettings, check_record_files, resolve_device
-
-    said = _dali_says(error)
+    said = describe_dali_error(error)
     log.warning("DALI failed on a record in %s; checking %d record files to find it...", source.root, len(source.paths))
     for depth in ("fast", "full"):
         settings = CheckSettings(depth=depth, device=resolve_device("auto"))

@@ -1,6 +1,6 @@
 """The framework-neutral half of a DALI loader: epochs, padding-only batches, errors that name the
 file, several pipelines per shard merged into one batch, and ``state_dict`` with DALI's pipeline
-checkpoints (the ``Loader`` contract of ``crossdali.common.loaders``). A framework's loader
+checkpoints (the ``Loader`` contract of ``crossdali.common.loading.loaders``). A framework's loader
 subclasses it with the DALI iterator of its plugin and how that iterator's outputs become a batch
 (DALI's own plugins share one base iterator the same way). Nothing here imports a framework.
 """
@@ -11,10 +11,10 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint
+from crossdali.common.errors import UsageError
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint
 from crossdali.common.options import PipelineOptions, sub_shard_options
-from crossdali.common.script import UsageError
 
 __all__ = ["DALIIteratorLoader"]
 

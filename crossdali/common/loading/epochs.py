@@ -13,7 +13,7 @@
 DROP is counted by crossdali's loaders over DALI's PARTIAL, not left to DALI's iterator: DALI 2.4's
 DROP leaves a shard's padded last batch in the pipeline when ``samples // shards`` is a multiple of
 the batch size and the shards are unequal, and that batch then opens the next epoch (repeated samples;
-``crossdali.common.dali_loader.DALIIteratorLoader._iterator_policy``).
+``crossdali.common.loading.dali_loader.DALIIteratorLoader._iterator_policy``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The framework-neutral half of the external-source loader: epochs, the trim of an indexed
 source's padded last batch, and ``state_dict`` / ``load_state_dict`` (DALI's checkpoint for an
 indexed source, batches to skip for a stream). A framework's ``ExternalSourceLoader`` puts
-:class:`ExternalLoaderMixin` in front of its ``DALILoader`` (``crossdali.common.dali_loader``), whose
+:class:`ExternalLoaderMixin` in front of its ``DALILoader`` (``crossdali.common.loading.dali_loader``), whose
 ``_outputs`` and ``_flat`` turn the iterator's outputs into that framework's arrays. Nothing here
 imports a framework.
 """
@@ -12,10 +12,10 @@ import logging
 from collections.abc import Iterator
 from dataclasses import replace
 
+from crossdali.common.errors import DataError
 from crossdali.common.external import ExternalPlan, batches_in_epoch, stream_checkpoint_warning_silenced
-from crossdali.common.loaders import decode_dali_checkpoint
+from crossdali.common.loading.loaders import decode_dali_checkpoint
 from crossdali.common.options import PipelineOptions
-from crossdali.common.sources import DataError
 
 __all__ = ["ExternalLoaderMixin", "explain_external"]
 
@@ -34,7 +34,7 @@ def explain_external(ext: ExternalPlan):
 
 
 class ExternalLoaderMixin:
-    """The loader contract (``crossdali.common.loaders.Loader``) over an external source.
+    """The loader contract (``crossdali.common.loading.loaders.Loader``) over an external source.
 
     ``len``: batches per epoch on this rank (an upper bound for PARTIAL); a stream of unknown
     length has none (``TypeError``: pass ``num_samples``). ``state_dict`` holds the epoch and the

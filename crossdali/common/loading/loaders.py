@@ -10,7 +10,7 @@ exposes ``create_<task>_loader(data, *, train, backend, batch_size, ...)`` facto
     pipe = create_classification_pipeline(plan.source, train=train, options=options)
 
 ``prepare_split`` checks the backend name, resolves and validates the data (a wrong path fails
-here, before any pipeline is built), chooses the last-batch policy (``crossdali.common.epochs``)
+here, before any pipeline is built), chooses the last-batch policy (``crossdali.common.loading.epochs``)
 and logs the epoch plan once (rank 0). What differs per framework is only how a DALI pipeline's
 outputs become that framework's tensors. See docs/architecture.md for adding a framework or a
 pipeline.
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import (
+from crossdali.common.errors import UsageError
+from crossdali.common.loading.epochs import (
     LastBatchPolicy,
     batch_sizes,
     batches_per_epoch,
@@ -32,7 +33,6 @@ from crossdali.common.epochs import (
     log_epoch_plan,
 )
 from crossdali.common.options import DALI_BACKENDS, PipelineOptions, check_backend, pipeline_options
-from crossdali.common.script import UsageError
 
 __all__ = ["Loader", "SplitPlan", "prepare_split", "encode_dali_checkpoint", "decode_dali_checkpoint"]
 

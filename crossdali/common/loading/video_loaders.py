@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from crossdali.common.data.sources import DataSource
 from crossdali.common.distributed import DistInfo
-from crossdali.common.epochs import LastBatchPolicy
-from crossdali.common.loaders import SplitPlan, prepare_split
-from crossdali.common.sources import DataSource
+from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.loaders import SplitPlan, prepare_split
 from crossdali.common.video import (
     VIDEO_READER_NAME,
     ClipCounter,

@@ -91,7 +91,7 @@ def auto_backend(gpus: list[GpuInfo]) -> tuple[str, str]:
 def print_info(file=None) -> None:
     file = file or sys.stdout
     from crossdali import __version__
-    from crossdali.common.sample_data import default_root
+    from crossdali.common.data.sample_data import default_root
 
     print(f"crossdali {__version__}, Python {sys.version.split()[0]}", file=file)
     print("packages:", file=file)

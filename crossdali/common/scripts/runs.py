@@ -17,8 +17,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from crossdali.common.metrics import MetricsWriter, format_epoch_line, latest_records, read_metrics
-from crossdali.common.progress import EpochProgress, format_duration
+from crossdali.common.errors import UsageError
+from crossdali.common.scripts.metrics import MetricsWriter, format_epoch_line, latest_records, read_metrics
+from crossdali.common.scripts.progress import EpochProgress, format_duration
 
 __all__ = ["PLOT_NAME", "BEST_CHECKPOINT", "CHECKPOINT_FORMAT", "default_run_dir", "choose_run_dir", "open_metrics",
            "plain_config", "label_names", "improved", "checkpoint_meta", "write_json", "BestCheckpoint", "StepLog",
@@ -90,7 +91,7 @@ def label_names(source, *, num_classes: int, sample: bool) -> list[str]:
     if source.classes:
         return list(source.classes)
     if sample:
-        from crossdali.common.sample_data import class_names
+        from crossdali.common.data.sample_data import class_names
 
         return class_names()
     return [str(i) for i in range(num_classes)]
@@ -255,8 +256,6 @@ def plot_run(run_dir: Path | str) -> Path:
     samples/s and data wait per step."""
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
-        from crossdali.common.script import UsageError
-
         raise UsageError(f"{run_dir} has no metrics.jsonl: pass the folder a training run wrote (its --output-dir)")
     try:
         import matplotlib  # defer: only plotting needs it

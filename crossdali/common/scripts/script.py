@@ -16,14 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from crossdali.common.distributed import detect_distributed
-from crossdali.common.sources import DataError
+from crossdali.common.errors import DataError, UsageError
 
-__all__ = ["UsageError", "TrainingStopped", "USER_ERRORS", "run", "configure_logging"]
-
-
-class UsageError(ValueError):
-    """A wrong flag value or combination, or an unusable file passed by flag. The message names
-    the flag, the value and the fix."""
+__all__ = ["TrainingStopped", "USER_ERRORS", "run", "configure_logging"]
 
 
 class TrainingStopped(Exception):

@@ -4,9 +4,9 @@ before PyTorch, TensorFlow, JAX or MXNet spend seconds loading (issue: "``--help
 lazy imports; argument and data errors before heavy imports").
 
 Each script's ``get_args_parser`` returns its parser from here; ``PARSERS`` maps ``(task,
-framework)`` to it for ``crossdali train``. Model names that only a framework knows (torchvision's
-list, the flax and video models) are checked by argparse as usual, through ``LazyChoices``: the
-framework loads when ``--arch`` is given, not for ``--help``.
+framework)`` to it for ``crossdali train``. A classifier's ``--arch`` is checked against the one
+model table of every framework (``crossdali.common.models``), without importing any; the video
+models are checked through ``LazyChoices``: PyTorch loads when ``--arch`` is given, not for ``--help``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 
+from crossdali.common.data.sample_data import SIZES
+from crossdali.common.data.sample_data.video import VIDEO_SIZES
 from crossdali.common.distributed import ENGINES
+from crossdali.common.models import models_for
 from crossdali.common.options import CLASSIFICATION_BACKENDS, DALI_BACKENDS
-from crossdali.common.sample_data import SIZES
-from crossdali.common.sample_data.video import VIDEO_SIZES
-from crossdali.common.train_args import (
+from crossdali.common.scripts.train_args import (
     LazyChoices,
     add_classification_data_args,
     add_data_args,
@@ -46,15 +47,9 @@ def _attribute(module: str, name: str) -> Callable[[], list[str]]:
     return lambda: list(getattr(importlib.import_module(module), name))
 
 
-def _torchvision_classifiers() -> list[str]:
-    import torchvision
-
-    return torchvision.models.list_models(module=torchvision.models)
-
-
 def _ssd_backbones() -> list[str]:
     """torchvision ResNets the SSD300 backbone accepts (up to layer3, stride 1 in layer3)."""
-    return [m for m in _torchvision_classifiers() if m.startswith(("resnet", "resnext", "wide_resnet"))]
+    return [m for m in models_for("pytorch") if m.startswith(("resnet", "resnext", "wide_resnet")) and "_v2" not in m]
 
 
 def add_multi_label_arg(parser: argparse.ArgumentParser) -> None:
@@ -67,9 +62,9 @@ def add_multi_label_arg(parser: argparse.ArgumentParser) -> None:
 def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser = create_parser("crossdali PyTorch classification training", add_help=add_help)
     add_classification_data_args(
-        parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50",
-        arches=LazyChoices(_torchvision_classifiers, "torchvision.models.list_models()"),
-        arch_help="torchvision classification model", workers_help="DALI threads or DataLoader workers per process")
+        parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50", framework="pytorch",
+        arch_help="classifier (torchvision's models, and small_cnn for tests)",
+        workers_help="DALI threads or DataLoader workers per process")
     parser.add_argument("--pipelines", type=positive_int, default=1,
                         help="DALI pipelines per process, each decoding its own part of the shard (batch-size / "
                              "pipelines images each per step; the batch size must divide by it; DALI backends, not "
@@ -99,8 +94,8 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
 
 def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser = create_parser("crossdali TensorFlow/Keras classification training", add_help=add_help)
-    add_classification_data_args(parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50",
-                                 arch_help="a tf.keras.applications model (resnet50, mobilenetv2, ...) or 'small_cnn' (tests)",
+    add_classification_data_args(parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50", framework="tensorflow",
+                                 arch_help="classifier (tf.keras.applications models, and small_cnn for tests)",
                                  workers_help="DALI threads or tf.data parallel calls per process")
     add_run_args(parser, engines=ENGINES["tensorflow"], amp=True,
                  amp_help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU",
@@ -129,10 +124,9 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
 
 def jax_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser = create_parser("crossdali JAX/flax classification training", add_help=add_help)
-    add_classification_data_args(parser, backends=(*DALI_BACKENDS, "synthetic"), arch="resnet50",
-                                 arches=LazyChoices(_attribute("crossdali.jax.models", "ARCHS"),
-                                                    "crossdali.jax.models.ARCHS"),
-                                 arch_help="flax model (small_cnn: tests)", workers_help="DALI threads")
+    add_classification_data_args(parser, backends=(*DALI_BACKENDS, "synthetic"), arch="resnet50", framework="jax",
+                                 arch_help="flax classifier (crossdali.jax.models; small_cnn for tests)",
+                                 workers_help="DALI threads")
     add_run_args(parser, engines=ENGINES["jax"], amp=True, amp_help="compute in bfloat16 (weights and loss stay float32)",
                  engine_help="one process only (jax.distributed is not wired): auto and none are the same",
                  channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: the flax "
@@ -147,8 +141,8 @@ def jax_classification(add_help: bool = True) -> argparse.ArgumentParser:
 
 def mxnet_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser = create_parser("crossdali MXNet (Gluon) classification training", add_help=add_help)
-    add_classification_data_args(parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50_v1",
-                                 arch_help="any gluon.model_zoo.vision name (resnet18_v1, resnet50_v1, ...)",
+    add_classification_data_args(parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50", framework="mxnet",
+                                 arch_help="classifier (Gluon model zoo; its own names such as resnet50_v1 work too)",
                                  workers_help="DALI threads or ImageRecordIter threads per process",
                                  backend_help="native = mx.io.ImageRecordIter (needs RecordIO)")
     add_run_args(parser, engines=ENGINES["mxnet"], amp=True,
@@ -173,7 +167,7 @@ def ssd_detection(add_help: bool = True) -> argparse.ArgumentParser:
     add_data_args(parser, backends=(*DALI_BACKENDS, "native", "synthetic"), sample_sizes=tuple(SIZES), crop_size=None,
                   data_help="COCO-format folder (annotations/instances_{train,val}.json, train/, val/)",
                   workers_help="DALI threads or DataLoader workers per process")
-    add_model_args(parser, arch="resnet50", arches=LazyChoices(_ssd_backbones, "torchvision's ResNets"),
+    add_model_args(parser, arch="resnet50", arches=_ssd_backbones(),
                    arch_help="torchvision ResNet for the backbone")
     parser.add_argument("--weights-backbone", type=Path, default=None,
                         help="local torchvision state dict for the backbone")

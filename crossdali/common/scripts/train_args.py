@@ -24,8 +24,9 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from crossdali.common.sample_data import SIZES
-from crossdali.common.script import UsageError
+from crossdali.common.data.sample_data import SIZES
+from crossdali.common.errors import UsageError
+from crossdali.common.models import LIST_COMMAND, arch_type
 
 __all__ = ["LazyChoices", "TrainArgumentParser",
            "create_parser", "log_accepted_flags", "add_data_args", "add_model_args", "add_optimizer_args",
@@ -149,10 +150,16 @@ def add_data_args(parser: argparse.ArgumentParser, *, backends: Sequence[str], d
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, arch: str, arches: Sequence[str] | None = None,
-                   arch_help: str = "model name", num_classes: bool = False) -> None:
-    """``--arch``, checked by argparse against ``arches`` (when given) before any data is read."""
+                   arch_help: str = "model name", num_classes: bool = False, framework: str | None = None) -> None:
+    """``--arch``, checked by argparse before any data is read: against the classifiers' table
+    ``crossdali.common.models`` for ``framework`` (when given; no framework is imported), else
+    against ``arches`` (when given)."""
     group = parser.add_argument_group("model")
-    if isinstance(arches, LazyChoices):  # checked when --arch is given; the default is the tests' business
+    if framework is not None:
+        group.add_argument("--arch", default=arch, type=arch_type(framework), metavar="ARCH",
+                           help=f"{arch_help}; the same names in every framework that has the model "
+                                f"(`{LIST_COMMAND}` lists them)")
+    elif isinstance(arches, LazyChoices):  # checked when --arch is given; the default is the tests' business
         group.add_argument("--arch", default=arch, choices=arches, metavar="ARCH",
                            help=f"{arch_help}; one of the names in {arches.source}")
     elif arches is not None:
@@ -193,12 +200,12 @@ def add_optimizer_args(parser: argparse.ArgumentParser, *, batch_size: int, epoc
 
 def add_classification_data_args(parser: argparse.ArgumentParser, *, backends: tuple[str, ...], arch: str,
                                  arch_help: str, workers_help: str, backend_help: str | None = None,
-                                 arches: Sequence[str] | None = None) -> None:
+                                 arches: Sequence[str] | None = None, framework: str | None = None) -> None:
     """Data, model and optimiser flags of a classification script (torchvision references' names and defaults)."""
     add_data_args(parser, backends=backends, workers_help=workers_help, backend_help=backend_help,
                   data_help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO, WebDataset shards or file lists",
                   data_formats=("imagefolder", "tfrecord", "recordio", "webdataset", "filelist"))
-    add_model_args(parser, arch=arch, arches=arches, arch_help=arch_help, num_classes=True)
+    add_model_args(parser, arch=arch, arches=arches, arch_help=arch_help, num_classes=True, framework=framework)
     add_optimizer_args(parser, batch_size=128, epochs=90, lr=0.1, lr_batch=256, lr_warmup_epochs=5, opts=("sgd",))
 
 
@@ -213,7 +220,7 @@ def add_run_args(parser: argparse.ArgumentParser, *, engines: Sequence[str], eng
     """Engine, precision, checkpoints, logging and evaluation-only flags.
 
     ``amp``/``channels_last``/``checkpoint_every``/``debug`` add those flags where the script
-    implements them (``debug``: the script runs under ``crossdali.common.script.run``); ``run_dir``:
+    implements them (``debug``: the script runs under ``crossdali.common.scripts.script.run``); ``run_dir``:
     the script writes to a default run folder when ``--output-dir`` is not given.
     """
     group = parser.add_argument_group("run")

@@ -5,8 +5,9 @@ against a limit, JPEG/PNG structure, record indexes against their records, COCO 
 against the images, video containers); ``full`` also decodes every sample with DALI (on the GPU
 when there is one) and counts the decoder's warnings as errors. Results are cached by path, size
 and mtime. The report lists every bad sample; its exclusion list is accepted by every loader
-(``exclude=``) and script (``--exclude FILE``). Submodules are imported on first use, so
-``crossdali.common.sources`` can use the exclusion list without a circular import.
+(``exclude=``) and script (``--exclude FILE``). The names below are imported on first use: the
+building blocks (``core``, ``exclude``, ``records``) sit under ``crossdali.common.data.sources``,
+while ``report`` checks whole datasets through it, so importing the package loads neither.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ __all__ = ["CheckSettings", "Exclusions", "Problem", "Report", "check_before_tra
            "load_exclusions"]
 
 _WHERE = {
-    "CheckSettings": "crossdali.common.check.core",
-    "Problem": "crossdali.common.check.core",
-    "Exclusions": "crossdali.common.check.exclude",
-    "load_exclusions": "crossdali.common.check.exclude",
-    "Report": "crossdali.common.check.report",
-    "check_data": "crossdali.common.check.report",
-    "check_before_training": "crossdali.common.check.report",
+    "CheckSettings": "crossdali.common.data.check.core",
+    "Problem": "crossdali.common.data.check.core",
+    "Exclusions": "crossdali.common.data.check.exclude",
+    "load_exclusions": "crossdali.common.data.check.exclude",
+    "Report": "crossdali.common.data.check.report",
+    "check_data": "crossdali.common.data.check.report",
+    "check_before_training": "crossdali.common.data.check.report",
 }
 
 

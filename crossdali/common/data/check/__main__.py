@@ -14,8 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
-from crossdali.common.check.images import DEFAULT_MAX_PIXELS
-from crossdali.common.train_args import non_negative_int, positive_int
+from crossdali.common.data.check.images import DEFAULT_MAX_PIXELS
+from crossdali.common.scripts.train_args import non_negative_int, positive_int
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    from crossdali.common.check.report import check_data
+    from crossdali.common.data.check.report import check_data
     from crossdali.common.video import ClipTransform
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -1,8 +1,8 @@
 """Checking samples: the fast pass (headers, structure, indexes, annotations) and the full pass
 (DALI decodes everything, warnings count as errors), per source type, with the cache.
 
-Every function returns ``Problem`` rows; ``crossdali.common.check.report`` turns them into the
-JSON report and the exclusion list, ``crossdali.common.sources`` and friends into a ``DataError``.
+Every function returns ``Problem`` rows; ``crossdali.common.data.check.report`` turns them into the
+JSON report and the exclusion list, ``crossdali.common.data.sources`` and friends into a ``DataError``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from crossdali.common.check import records as rec_io
-from crossdali.common.check.cache import CheckCache, file_signature
-from crossdali.common.check.decode import decode_file_list, decode_files, decode_samples, gpu_available
-from crossdali.common.check.images import DEFAULT_MAX_PIXELS, ImageInfo, inspect_image
+from crossdali.common.data.check import records as rec_io
+from crossdali.common.data.check.cache import CheckCache, file_signature
+from crossdali.common.data.check.decode import decode_file_list, decode_files, decode_samples, gpu_available
+from crossdali.common.data.check.images import DEFAULT_MAX_PIXELS, ImageInfo, inspect_image
+from crossdali.common.data.formats import WEBDATASET_IMAGE_EXTENSIONS
+from crossdali.common.errors import DataError
 
 __all__ = ["CheckSettings", "Problem", "check_image_files", "check_record_files", "sample_id", "problems_error",
            "resolve_device"]
@@ -269,7 +271,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
             return
         # In worker processes, a chunk each. Forked (a spawned worker re-runs a user script that
         # lacks the `if __name__ == "__main__"` guard): the pool starts before this call builds its
-        # decoder, and crossdali.common.fork_safety keeps dead pipelines out of the children.
+        # decoder, and crossdali.common.loading.fork_safety keeps dead pipelines out of the children.
         chunks = [need[i:i + 256] for i in range(0, len(need), 256)]
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(method)) as pool:
@@ -376,8 +378,6 @@ def _scan_records(fmt: str, rec: Path, idx: Path, *, image_key: str, label_key: 
             record_problems.append([entry.position, "bad-record", f"is not a valid record ({e})"])
             continue
         if image is None:
-            from crossdali.common.sources import WEBDATASET_IMAGE_EXTENSIONS  # defer: circular
-
             what = (f"no image ({', '.join('.' + x for x in WEBDATASET_IMAGE_EXTENSIONS)}) among its files "
                     f"{', '.join(sorted(payload))}" if fmt == "webdataset" else f"no {image_key!r} feature")
             record_problems.append([entry.position, "bad-record", f"has {what}"])
@@ -478,8 +478,6 @@ def check_record_files(fmt: str, paths: Sequence[str], index_paths: Sequence[str
 
 def problems_error(problems: Sequence[Problem], *, where: str, total: int, data_hint: str | None = None):
     """A ``DataError`` summarising the errors among ``problems`` (``None`` if there are none)."""
-    from crossdali.common.sources import DataError
-
     errors = [p for p in problems if p.severity == "error"]
     if not errors:
         return None

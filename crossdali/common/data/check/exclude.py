@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path, PurePath
 
+from crossdali.common.errors import DataError
+
 __all__ = ["Exclusions", "load_exclusions", "format_exclusions"]
 
 _RECORD_ID = re.compile(r"^(?P<file>.+)#(?P<n>\d+)$")
@@ -68,8 +70,6 @@ def load_exclusions(exclude: str | os.PathLike | Iterable[str] | Exclusions | No
     if isinstance(exclude, (str, os.PathLike)):
         path = Path(exclude)
         if not path.is_file():
-            from crossdali.common.sources import DataError  # defer: sources imports this module
-
             raise DataError(f"exclusion list {path} does not exist; pass the exclude.txt that `crossdali check` "
                             "wrote (or a file with one sample id per line)")
         ids = []

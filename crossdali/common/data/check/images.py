@@ -220,9 +220,11 @@ def inspect_image(data: bytes, *, extension: str | None = None) -> ImageInfo:
         if head.startswith(_TEXT_STARTS) or head[:15].lower().startswith((b"<!doctype", b"<html")):
             what = "a PDF document" if head.startswith(b"%PDF") else "a text/HTML/XML file (an error page saved as an image?)"
             info.problems.append(("not-an-image", f"is {what}, not an image (starts with {data[:16]!r})"))
-        else:
+        else:  # Pillow's UnidentifiedImageError names its stream (a BytesIO repr), not the file: leave it out
+            pillow = "Pillow cannot identify it" if isinstance(e, UnidentifiedImageError) else \
+                f"Pillow: {type(e).__name__}: {e}"
             info.problems.append(("not-an-image", f"is not an image any decoder recognises (starts with {data[:8]!r}; "
-                                                  f"Pillow: {type(e).__name__}: {e})"))
+                                                  f"{pillow})"))
         return info
     if info.format not in DALI_FORMATS:
         info.problems.append(("unsupported-format", f"is a {info.format} file, which DALI cannot decode "

@@ -8,7 +8,7 @@ garbage (measured: "Error while parsing TFRecord file: ... record payload length
 ``Assert on "current_file_index_ + 1 < paths_.size()" failed``, and records missing from an index
 are never read, silently. The framing of both formats is a few lines of spec, parsed here; the
 TFRecord ``Example`` protobuf is walked by hand too (the ``tfrecord`` package's protobuf module
-clashes with TensorFlow's in one process, see ``crossdali.common.sample_data.formats``).
+clashes with TensorFlow's in one process, see ``crossdali.common.data.sample_data.formats``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from crossdali.common.data.formats import WEBDATASET_IMAGE_EXTENSIONS, WEBDATASET_LABEL_EXTENSION
 
 __all__ = ["IndexEntry", "IndexProblem", "read_index", "check_index", "iter_records", "tfrecord_image",
            "recordio_image", "webdataset_image", "record_image", "write_index"]
@@ -337,8 +339,6 @@ def record_image(fmt: str, payload, *, image_key: str, label_key: str):
     if fmt == "tfrecord":
         return tfrecord_image(payload, image_key=image_key, label_key=label_key)
     if fmt == "webdataset":
-        from crossdali.common.sources import WEBDATASET_IMAGE_EXTENSIONS, WEBDATASET_LABEL_EXTENSION  # defer: circular
-
         return webdataset_image(payload, image_extensions=WEBDATASET_IMAGE_EXTENSIONS,
                                 label_extension=WEBDATASET_LABEL_EXTENSION)
     return recordio_image(payload)

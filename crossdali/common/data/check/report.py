@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from crossdali.common.check.core import (
+from crossdali.common.data.check.core import (
     CheckSettings,
     Problem,
     check_image_files,
@@ -24,8 +24,11 @@ from crossdali.common.check.core import (
     resolve_device,
     sample_id,
 )
-from crossdali.common.check.exclude import format_exclusions
-from crossdali.common.sources import DataError, DataSource, resolve_source
+from crossdali.common.data.check.exclude import format_exclusions
+from crossdali.common.data.sources import DataSource, read_file_list, resolve_source
+from crossdali.common.detection import DetectionSource, coco_problems, resolve_detection_source
+from crossdali.common.errors import DataError
+from crossdali.common.video import resolve_video_source, video_problems
 
 __all__ = ["Report", "SplitReport", "check_before_training", "check_data", "check_source", "discover"]
 
@@ -169,8 +172,6 @@ def discover(data: str | os.PathLike, *, max_depth: int = 3) -> list[Target]:
 def check_source(source, *, settings: CheckSettings, root: str | os.PathLike | None = None, split: str = "",
                  transform=None) -> SplitReport:
     """Check one resolved source (``DataSource`` of images, records or videos, or ``DetectionSource``)."""
-    from crossdali.common.detection import DetectionSource, coco_problems
-
     start = time.perf_counter()
     root = Path(root) if root is not None else None
     if isinstance(source, DetectionSource):
@@ -195,8 +196,6 @@ def check_source(source, *, settings: CheckSettings, root: str | os.PathLike | N
 
 
 def _check_videos(source: DataSource, *, settings: CheckSettings, root, split: str, transform) -> SplitReport:
-    from crossdali.common.video import video_problems
-
     found = video_problems(source.files, device=settings.device, transform=transform, threads=settings.threads)
     settings.tick(len(source.files))
     problems = [Problem(sample_id(path, root), path, code, message) for path, code, message in found]
@@ -210,7 +209,7 @@ def _decode_videos(files: Sequence[str], *, settings: CheckSettings, root) -> li
     """Full pass for videos: DALI's video decoder over every frame of each file (stderr captured)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    from crossdali.common.check.decode import capture_stderr, describe_dali_error
+    from crossdali.common.data.check.decode import capture_stderr, describe_dali_error
 
     gpu = settings.device == "gpu"
 
@@ -246,16 +245,11 @@ def _decode_videos(files: Sequence[str], *, settings: CheckSettings, root) -> li
 
 
 def _resolve_target(t: Target, *, exclude=None):
-    from crossdali.common.detection import resolve_detection_source
-    from crossdali.common.video import resolve_video_source
-
     if t.kind == "detection":
         return resolve_detection_source(t.folder, t.split, validate=False, exclude=exclude)
     if t.kind == "video":
         return resolve_video_source(t.folder, t.split, exclude=exclude)
     if t.folder.is_file():
-        from crossdali.common.sources import read_file_list
-
         return read_file_list(t.folder, validate=False, exclude=exclude)
     return resolve_source(t.folder, t.split, validate=False, exclude=exclude)
 

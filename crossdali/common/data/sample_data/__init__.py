@@ -1,6 +1,6 @@
 """Embedded sample datasets in real formats, cut from real photos (no download needed).
 
-``python -m crossdali.common.sample_data --help`` (or ``crossdali make-data``) builds them.
+``python -m crossdali.common.data.sample_data --help`` (or ``crossdali make-data``) builds them.
 """
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from crossdali.common.sample_data.classification import (
+from crossdali.common.data.sample_data.classification import (
     SIZES,
     ClassificationSampleConfig,
     build_classification,
     class_names,
 )
-from crossdali.common.sample_data.detection import ensure_detection
-from crossdali.common.sample_data.multilabel import MULTILABEL_SIZES, build_multilabel
-from crossdali.common.sample_data.video import ensure_video
+from crossdali.common.data.sample_data.detection import ensure_detection
+from crossdali.common.data.sample_data.multilabel import MULTILABEL_SIZES, build_multilabel
+from crossdali.common.data.sample_data.video import ensure_video
 
 __all__ = [
     "SIZES",

@@ -1,4 +1,4 @@
-"""``python -m crossdali.common.sample_data``: build the embedded sample datasets."""
+"""``python -m crossdali.common.data.sample_data``: build the embedded sample datasets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from crossdali.common.sample_data import BUILDERS, SIZES, default_root
+from crossdali.common.data.sample_data import BUILDERS, SIZES, default_root
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from crossdali.common.sample_data.formats import write_recordio, write_tfrecord, write_webdataset
-from crossdali.common.sample_data.photos import CLASS_PHOTOS, load_photo
+from crossdali.common.data.sample_data.formats import write_recordio, write_tfrecord, write_webdataset
+from crossdali.common.data.sample_data.photos import CLASS_PHOTOS, load_photo
 
 __all__ = ["ClassificationSampleConfig", "SIZES", "build_classification", "class_names"]
 

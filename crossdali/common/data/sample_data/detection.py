@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from crossdali.common.sample_data.photos import BACKGROUND_PHOTOS, load_photo
+from crossdali.common.data.sample_data.photos import BACKGROUND_PHOTOS, load_photo
 
 __all__ = ["DetectionSampleConfig", "DETECTION_SIZES", "CATEGORIES", "build_detection", "ensure_detection"]
 
@@ -179,7 +179,7 @@ def build_detection(root: Path, cfg: DetectionSampleConfig, *, force: bool = Fal
 
 def ensure_detection(root: Path | None = None, size: str = "small") -> Path:
     """Build the detection sample set of the named ``size`` if missing; return its folder."""
-    from crossdali.common.sample_data import default_root  # late: avoids an import cycle
+    from crossdali.common.data.sample_data import default_root  # late: avoids an import cycle
 
     if size not in DETECTION_SIZES:
         raise ValueError(f"unknown sample size {size!r}; choose one of {sorted(DETECTION_SIZES)}")

@@ -19,7 +19,7 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from crossdali.common.sources import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY  # the format the pipelines read
+from crossdali.common.data.formats import TFRECORD_IMAGE_KEY, TFRECORD_LABEL_KEY  # the format the pipelines read
 
 __all__ = [
     "write_tfrecord",

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from crossdali.common.sample_data.classification import class_names
-from crossdali.common.sample_data.photos import CLASS_PHOTOS, load_photo
+from crossdali.common.data.sample_data.classification import class_names
+from crossdali.common.data.sample_data.photos import CLASS_PHOTOS, load_photo
 
 __all__ = ["MultiLabelSampleConfig", "MULTILABEL_SIZES", "build_multilabel"]
 

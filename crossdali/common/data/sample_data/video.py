@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from crossdali.common.sample_data.photos import BACKGROUND_PHOTOS, CLASS_PHOTOS, load_photo
+from crossdali.common.data.sample_data.photos import BACKGROUND_PHOTOS, CLASS_PHOTOS, load_photo
 
 __all__ = [
     "INDEX_LEVEL_STEP",
@@ -242,7 +242,7 @@ def build_video(root: Path, cfg: VideoSampleConfig, *, force: bool = False) -> P
 
 def ensure_video(root: Path | None = None, size: str = "small") -> Path:
     """Build the video sample set of the named ``size`` if missing; return its folder."""
-    from crossdali.common.sample_data import default_root  # defer: the package imports this module
+    from crossdali.common.data.sample_data import default_root  # defer: the package imports this module
 
     if size not in VIDEO_SIZES:
         raise ValueError(f"unknown sample size {size!r}; choose one of {sorted(VIDEO_SIZES)}")
