@@ -6,6 +6,7 @@
     crossdali train TASK [--framework F] [...]      run a training script (its own flags follow)
     crossdali plot RUN_DIR                          curves of a run (loss, top-1, images/s, data wait)
     crossdali predict CHECKPOINT IMAGE...           top classes of images (PyTorch checkpoint)
+    crossdali models [--framework F]                the --arch names, and which frameworks have each
     crossdali bench NAME [...]                      a benchmark script of the source checkout
 
 Nothing heavy is imported before a command runs (``--help`` answers in well under a second); each
@@ -51,6 +52,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     sub.add_parser("make-data", help="build the embedded sample datasets", add_help=False)
     sub.add_parser("check", help="check every sample of a dataset (report + exclusion list)", add_help=False)
     sub.add_parser("predict", help="top classes of images with a trained PyTorch checkpoint", add_help=False)
+
+    models = sub.add_parser("models", help="the --arch names of the classification scripts, per framework",
+                            formatter_class=_Formatter)
+    models.add_argument("--framework", choices=list(FRAMEWORKS), default=None,
+                        help="only the names this framework has (default: every name, a column per framework)")
 
     train = sub.add_parser("train", help="run a training script: crossdali train TASK [--framework F] [script flags]",
                            formatter_class=_Formatter,
@@ -197,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plot":
         from crossdali.common.scripts.runs import plot_run  # defer: matplotlib
 
+    if args.command == "models":
+        from crossdali.common.models import format_table
+
+        print(format_table(args.framework))
+        return 0
         if not (args.run_dir / "metrics.jsonl").is_file():
             raise SystemExit(f"crossdali plot: {args.run_dir} has no metrics.jsonl; pass a run folder "
                              "(a training script's --output-dir, by default runs/<task>-<framework>-<arch>-<time>)")

@@ -13,6 +13,8 @@ from functools import partial
 import flax.linen as nn
 import jax.numpy as jnp
 
+from crossdali.common.models import builder_name
+
 __all__ = ["ARCHS", "ResNet", "SmallCNN", "create_model"]
 
 
@@ -102,7 +104,7 @@ ARCHS: dict[str, Callable[..., nn.Module]] = {
 
 
 def create_model(arch: str, *, num_classes: int, dtype: jnp.dtype = jnp.float32) -> nn.Module:
-    """A flax module by name (``ARCHS``); ``dtype`` is the compute type (bfloat16 for mixed precision)."""
-    if arch not in ARCHS:
-        raise ValueError(f"--arch must be one of {', '.join(sorted(ARCHS))}, got {arch!r}")
-    return ARCHS[arch](num_classes=num_classes, dtype=dtype)
+    """A flax module by name: a name of ``crossdali.common.models`` that JAX has (``ARCHS``; another
+    is a ``ModelNameError`` naming the frameworks that have it); ``dtype`` is the compute type
+    (bfloat16 for mixed precision)."""
+    return ARCHS[builder_name(arch, "jax")](num_classes=num_classes, dtype=dtype)

@@ -37,6 +37,7 @@ from mxnet import autograd, gluon
 
 from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.data.sources import resolve_source
+from crossdali.common.models import builder_name, models_for
 from crossdali.common.scripts import script_parsers
 from crossdali.common.scripts.metrics import format_test_line, val_stats
 from crossdali.common.scripts.runs import (
@@ -61,24 +62,11 @@ from crossdali.mxnet.loaders import create_classification_loader
 
 log = logging.getLogger("crossdali.train")
 
-#: ``gluon.model_zoo.vision.get_model``'s names in MXNet 1.9.1 (the last release); it keeps them in a
-#: local dict, so they are listed here (tests/mxnet/test_mxnet_train.py builds every one).
-GLUON_ARCHS = (
-    "resnet18_v1", "resnet34_v1", "resnet50_v1", "resnet101_v1", "resnet152_v1",
-    "resnet18_v2", "resnet34_v2", "resnet50_v2", "resnet101_v2", "resnet152_v2",
-    "vgg11", "vgg13", "vgg16", "vgg19", "vgg11_bn", "vgg13_bn", "vgg16_bn", "vgg19_bn", "alexnet",
-    "densenet121", "densenet161", "densenet169", "densenet201", "squeezenet1.0", "squeezenet1.1", "inceptionv3",
-    "mobilenet1.0", "mobilenet0.75", "mobilenet0.5", "mobilenet0.25",
-    "mobilenetv2_1.0", "mobilenetv2_0.75", "mobilenetv2_0.5", "mobilenetv2_0.25",
-)
-#: torchvision names (the PyTorch script's ``--arch``) -> the Gluon model of the same design, so one
-#: command line serves both scripts. Gluon's v1 ResNets put the stride of a bottleneck on its first
-#: 1x1 convolution, torchvision's (v1.5) on the 3x3: ResNet-50 and deeper differ in that detail.
-TORCHVISION_ARCHS = {
-    "resnet18": "resnet18_v1", "resnet34": "resnet34_v1", "resnet50": "resnet50_v1", "resnet101": "resnet101_v1",
-    "resnet152": "resnet152_v1", "mobilenet_v2": "mobilenetv2_1.0", "squeezenet1_0": "squeezenet1.0",
-    "squeezenet1_1": "squeezenet1.1", "inception_v3": "inceptionv3",
-}
+#: ``gluon.model_zoo.vision.get_model``'s names that ``--arch`` reaches (``crossdali.common.models``: the
+#: shared names, e.g. resnet50 -> resnet50_v1, and Gluon's own; tests/mxnet/test_mxnet_train.py checks them
+#: against the zoo and builds every one). Gluon's v1 ResNets put the stride of a bottleneck on its first 1x1
+#: convolution, torchvision's (v1.5) on the 3x3: ResNet-50 and deeper differ in that detail.
+GLUON_ARCHS = tuple(builder_name(name, "mxnet") for name in models_for("mxnet"))
 #: What ``--channels-last`` does here, said at start-up.
 CHANNELS_LAST_NOTE = (
     "--channels-last: not applied, the model runs NCHW. MXNet takes NHWC convolutions only through cuDNN on "
@@ -87,14 +75,9 @@ CHANNELS_LAST_NOTE = (
 
 
 def resolve_arch(arch: str) -> str:
-    """The Gluon model name for ``--arch`` (a Gluon name, or a torchvision name with a Gluon twin)."""
-    name = arch.lower()
-    if name in GLUON_ARCHS:
-        return name
-    if name in TORCHVISION_ARCHS:
-        return TORCHVISION_ARCHS[name]
-    raise ValueError(f"--arch {arch!r} is not a Gluon model zoo name; choose one of: {', '.join(GLUON_ARCHS)} "
-                     f"(or torchvision's {', '.join(TORCHVISION_ARCHS)})")
+    """The Gluon model name for ``--arch``: a name of ``crossdali.common.models`` that MXNet has, or
+    Gluon's own spelling of it (``ModelNameError`` otherwise, naming the closest)."""
+    return builder_name(arch, "mxnet")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

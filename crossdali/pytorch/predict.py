@@ -36,7 +36,9 @@ import torch
 from crossdali.common.classification import ClassificationTransform
 from crossdali.common.errors import DataError
 from crossdali.common.inference import EncodedImage, InferencePipeline, MicroBatcher, prepare_image
+from crossdali.common.models import ModelNameError
 from crossdali.common.options import PipelineOptions
+from crossdali.pytorch.models import create_model
 
 __all__ = ["CheckpointError", "Prediction", "Predictor", "get_args_parser", "load_inference_checkpoint", "main", "run"]
 
@@ -56,8 +58,6 @@ def load_inference_checkpoint(path: str | Path, *, map_location: str | torch.dev
     ``config`` comes from the checkpoint's ``config`` or ``args`` dict; ``class_names`` from
     ``class_names`` or, when absent, the class indices as strings.
     """
-    import torchvision  # defer: only when a model is built
-
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -91,9 +91,9 @@ def load_inference_checkpoint(path: str | Path, *, map_location: str | torch.dev
     if len(class_names) != num_classes:
         raise CheckpointError(f"{path}: {len(class_names)} class_names for num_classes={num_classes}")
     try:
-        model = torchvision.models.get_model(config["arch"], weights=None, num_classes=num_classes)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: arch {config['arch']!r} is not a torchvision model ({e})") from None
+        model = create_model(config["arch"], num_classes=num_classes)
+    except ModelNameError as e:
+        raise CheckpointError(f"{path}: the run's arch: {e}") from None
     state = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
     try:
         model.load_state_dict(state)

@@ -21,7 +21,6 @@ import argparse
 import logging
 
 import torch
-import torchvision
 
 from crossdali.common.data.sample_data import class_names as sample_class_names
 from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
@@ -34,6 +33,7 @@ from crossdali.common.scripts.script import run
 from crossdali.common.scripts.train_args import resolve_num_classes
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.loaders import create_classification_loader
+from crossdali.pytorch.models import create_model
 from crossdali.pytorch.multilabel import create_multilabel_loader
 from crossdali.pytorch.training import (
     MixedPrecision,
@@ -151,7 +151,8 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
              runtime.dist.launcher, runtime.engine, runtime.device)
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
 
-    model = torchvision.models.get_model(args.arch, weights=None, num_classes=num_classes).to(runtime.device)
+    args.num_classes = num_classes  # the checkpoint's config then holds what `crossdali predict` needs
+    model = create_model(args.arch, num_classes=num_classes).to(runtime.device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.multi_label:

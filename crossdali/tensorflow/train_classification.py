@@ -40,6 +40,7 @@ import tensorflow as tf
 from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.data.sources import resolve_source
 from crossdali.common.loading.background import fetch_ahead
+from crossdali.common.models import builder_name, canonical_name
 from crossdali.common.scripts import script_parsers
 from crossdali.common.scripts.metrics import format_test_line, val_stats
 from crossdali.common.scripts.runs import (
@@ -72,9 +73,12 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def create_model(arch: str, *, num_classes: int, crop_size: int) -> tf.keras.Model:
-    """A Keras model with random weights. ``small_cnn`` is a 4-layer net for fast CPU tests."""
+    """A Keras model with random weights: ``arch`` is a name of ``crossdali.common.models`` (or an
+    alias, such as Keras' own ``mobilenetv2``) that TensorFlow has. ``small_cnn`` is a 4-layer net for
+    fast CPU tests."""
     shape = (crop_size, crop_size, 3)
-    if arch == "small_cnn":
+    name = builder_name(arch, "tensorflow")
+    if name == "small_cnn":
         layers = tf.keras.layers
         inputs = tf.keras.Input(shape)
         x = inputs
@@ -85,13 +89,9 @@ def create_model(arch: str, *, num_classes: int, crop_size: int) -> tf.keras.Mod
         x = layers.GlobalAveragePooling2D()(x)
         outputs = layers.Dense(num_classes, dtype="float32")(x)
         return tf.keras.Model(inputs, outputs, name="small_cnn")
-    apps = {name.lower(): fn for name, fn in vars(tf.keras.applications).items() if callable(fn)}
-    if arch.lower() not in apps:
-        raise ValueError(f"--arch {arch!r} is not a tf.keras.applications model; try resnet50, mobilenetv2, "
-                         "efficientnetb0 or small_cnn")
-    base = apps[arch.lower()](weights=None, include_top=False, input_shape=shape, pooling="avg")
+    base = getattr(tf.keras.applications, name)(weights=None, include_top=False, input_shape=shape, pooling="avg")
     outputs = tf.keras.layers.Dense(num_classes, dtype="float32", name="predictions")(base.output)
-    return tf.keras.Model(base.input, outputs, name=arch)
+    return tf.keras.Model(base.input, outputs, name=canonical_name(arch))
 
 
 def lr_at(step: int, *, base_lr: float, warmup: int, total: int) -> float:

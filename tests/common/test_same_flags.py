@@ -11,7 +11,7 @@ import pytest
 SCRIPTS = {
     "pytorch": ("torch", "crossdali.pytorch.train_classification", "resnet18"),
     "tensorflow": ("tensorflow", "crossdali.tensorflow.train_classification", "resnet50"),
-    "mxnet": ("mxnet", "crossdali.mxnet.train_classification", "resnet18_v1"),
+    "mxnet": ("mxnet", "crossdali.mxnet.train_classification", "resnet18"),
     "jax": ("jax", "crossdali.jax.train_classification", "resnet18"),
 }
 #: The options of the PyTorch classification script, which every classification script must have.

@@ -110,14 +110,14 @@ def test_pytorch_flags_are_accepted_and_said(tmp_path, data_root, tiny_classific
 def test_arch_names():
     from mxnet.gluon.model_zoo.vision import get_model
 
-    from crossdali.mxnet.train_classification import GLUON_ARCHS, TORCHVISION_ARCHS, resolve_arch
+    from crossdali.mxnet.train_classification import GLUON_ARCHS, resolve_arch
 
     with pytest.raises(ValueError, match="Available options are") as e:
         get_model("no-such-model")
     assert sorted(GLUON_ARCHS) == sorted(str(e.value).split("\n\t")[1:])  # the zoo's own list
     assert resolve_arch("ResNet50_v1") == "resnet50_v1" and resolve_arch("resnet18") == "resnet18_v1"
-    assert set(TORCHVISION_ARCHS.values()) <= set(GLUON_ARCHS)
-    with pytest.raises(ValueError, match=r"--arch 'resnet' is not a Gluon model zoo name; choose one of: resnet18_v1"):
+    assert resolve_arch("mobilenet_v2") == "mobilenetv2_1.0" and resolve_arch("squeezenet1.1") == "squeezenet1.1"
+    with pytest.raises(ValueError, match=r"unknown model 'resnet' \(closest: .*`crossdali models --framework mxnet`"):
         resolve_arch("resnet")
 
 

@@ -91,7 +91,7 @@ def test_checkpoint_that_needs_unpickling_is_refused(random_model, tmp_path):
     ({"model": {}}, "has no 'config' or 'args'"),
     ({"model": {}, "config": {"arch": "resnet18"}}, "lacks crop_size, num_classes"),
     ({"model": {}, "config": {"arch": "resnet18", "crop_size": 32, "num_classes": 11}}, "do not fit resnet18"),
-    ({"model": {}, "config": {"arch": "nonet", "crop_size": 32, "num_classes": 11}}, "'nonet' is not a torchvision"),
+    ({"model": {}, "config": {"arch": "nonet", "crop_size": 32, "num_classes": 11}}, "unknown model 'nonet'"),
     ({"model": {}, "config": {"arch": "resnet18", "crop_size": 32, "num_classes": 11}, "class_names": ["a"]},
      "1 class_names for num_classes=11"),
 ])
