@@ -77,6 +77,10 @@ def case_bytes(tiny: Path) -> dict[str, tuple[str, bytes]]:
     # image data cut in the middle but the end marker kept: structure intact, libjpeg only warns
     # ("Corrupt JPEG data: premature end of data segment") and DALI trains on grey blocks
     cut = good[: start + (len(good) - start) // 2] + b"\xff\xd9"
+    # bytes no decoder expects, with every marker in place: libjpeg-turbo only warns ("Corrupt JPEG
+    # data: 58 extraneous bytes before marker 0xd9", "bad Huffman code") and outputs what it made of them
+    junk = bytes(range(1, 65))  # no 0xFF: no marker, nothing for a marker walk to see
+    middle = start + (len(good) - start) // 2
     marker = bytearray(good)
     marker[start + 100: start + 102] = b"\xff\x3a"  # an invalid marker inside the image data
     forged = bytearray(good)
@@ -112,6 +116,8 @@ def case_bytes(tiny: Path) -> dict[str, tuple[str, bytes]]:
         # the scan names component 9: nvJPEG decodes it after a good JPEG, libjpeg-turbo and the walk refuse it
         "bad-scan": ("badscan.jpg", patched(good, 0xDA, 1, 9)),
         "warning-only": ("warns.jpg", cut),
+        "junk-before-eoi": ("junk_end.jpg", good[:-2] + junk + good[-2:]),
+        "junk-in-scan": ("junk_scan.jpg", good[:middle] + junk + good[middle:]),
         "forged-30000": ("forged.jpg", bytes(forged)),
     }
 
@@ -123,11 +129,14 @@ EXPECTED = {
     "empty": "empty", "html": "not-an-image", "gif": "unsupported-format", "png-as-jpg": "misnamed",
     "webp-as-jpg": "misnamed", "bmp-as-jpg": "misnamed", "tiff-as-jpg": "misnamed", "truncated": "truncated",
     "bad-marker": "corrupt", "no-dqt": "corrupt", "bad-scan": "corrupt", "forged-30000": "too-large",
-    # found only by decoding: the loaders refuse them once `crossdali check --depth full` has run
-    "bad-huffman": "decode-failed", "warning-only": "decoder-warning",
+    # found by decoding the image data (the fast pass does, at 1/8 scale; the full pass with DALI)
+    "bad-huffman": "decode-failed", "warning-only": "decoder-warning", "junk-before-eoi": "decoder-warning",
+    "junk-in-scan": "decoder-warning",
 }
-#: cases the fast pass cannot see (no decode)
-FULL_ONLY = {"bad-huffman", "warning-only"}
+#: cases found only by decoding the image data: the fast pass and the full pass must agree on them
+DECODED = {"bad-huffman", "warning-only", "junk-before-eoi", "junk-in-scan"}
+#: cases the fast pass cannot see (none: it decodes every JPEG's image data at 1/8 scale)
+FULL_ONLY: set[str] = set()
 
 
 def image_folder(root: Path, tiny: Path, name: str, data: bytes, *, per_class: int = 3) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conformance.corpus import EXPECTED, FULL_ONLY, case_bytes, image_folder
+from tests.conformance.corpus import DECODED, EXPECTED, case_bytes, image_folder
 
 FRAMEWORKS = ("pytorch", "tensorflow", "mxnet")
 
@@ -70,21 +70,25 @@ def _own_cache(tmp_path, monkeypatch):
 def test_same_verdict_in_every_framework(framework, case, corpus, tiny_classification, tmp_path):
     name, data = corpus[case]
     root = image_folder(tmp_path / "data", tiny_classification, name, data)
-    # by default the loaders run the fast pass; only DALI's decoder itself stops on bad-huffman
-    expected = "accept" if case == "warning-only" else ("accept" if EXPECTED[case] == "accept" else "refuse")
+    # by default the loaders run the fast pass, which decodes JPEG image data at 1/8 scale
+    expected = "accept" if EXPECTED[case] == "accept" else "refuse"
     assert _verdict(framework, root, name) == expected
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("case", sorted(FULL_ONLY))
-def test_full_check_makes_every_loader_refuse(framework, case, corpus, tiny_classification, tmp_path):
-    """After `crossdali check --depth full` the cache knows the file is bad: every loader refuses it."""
+@pytest.mark.parametrize("case", sorted(DECODED))
+def test_fast_and_full_check_agree_with_the_decoder(framework, case, corpus, tiny_classification, tmp_path):
+    """Damage found only by decoding the image data: the fast pass (the default before training),
+    the full pass and DALI's own decoder alone reach the same code, and every loader refuses the file."""
     from crossdali.common.data.check import check_data
+    from crossdali.common.data.check.decode import decode_samples
 
     name, data = corpus[case]
     root = image_folder(tmp_path / "data", tiny_classification, name, data)
-    report = check_data(root, depth="full", device="cpu")
-    assert [p.code for p in report.errors] == [EXPECTED[case]]
+    for depth in ("fast", "full"):
+        report = check_data(root, depth=depth, device="cpu", use_cache=False)
+        assert [(p.code, p.sample) for p in report.errors] == [(EXPECTED[case], f"val/b/{name}")], depth
+    assert decode_samples([(name, data)], device="cpu", batch_size=1)[name][0] == EXPECTED[case]
     assert _verdict(framework, root, name) == "refuse"
 
 

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 #: Bumped whenever what a cached entry means changes (old entries are then ignored). 2: the JPEG walk
 #: refuses a scan naming a component its frame lacks or using an undefined quantization table (1 let
-#: such files through to the decoder).
-CACHE_VERSION = 2
+#: such files through to the decoder). 3: the fast pass decodes a JPEG's image data at 1/8 scale and
+#: refuses one that makes libjpeg-turbo warn (2 let such files through).
+CACHE_VERSION = 3
 
 
 def default_cache_dir() -> Path:

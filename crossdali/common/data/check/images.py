@@ -3,8 +3,13 @@ is whole (the fast pass of ``crossdali check``).
 
 Pillow reads the header (format, width, height, mode) for every format DALI decodes; the marker
 walk over a JPEG and the chunk walk over a PNG (with its CRCs) are written here because no
-maintained library reports structure without decoding the pixels. Nothing here allocates pixels,
-so a header that claims 30000x30000 costs nothing to refuse.
+maintained library reports structure without decoding the pixels. A JPEG whose markers are whole
+then has its entropy-coded data decoded by libjpeg-turbo (``simplejpeg``) at an eighth of its size,
+in grey, with every warning an error: damage that the decoder only warns about ("Corrupt JPEG data:
+N extraneous bytes before marker 0xd9", "premature end of data segment") and then trains on is
+found there, which no marker walk can see (where the image data should end is known only by
+decoding its Huffman codes). A header over ``DEFAULT_MAX_PIXELS`` is refused before that, so a
+header that claims 30000x30000 costs nothing to refuse.
 """
 
 from __future__ import annotations
@@ -201,6 +206,7 @@ def inspect_image(data: bytes, *, extension: str | None = None) -> ImageInfo:
         sof, problem = _jpeg_walk(data)  # it all (Pillow's header parse took 100 of 184 us a file on the bench set)
         if problem is None and sof is not None and sof[0] > 0 and sof[1] > 0 and sof[2] in _JPEG_MODES:
             info.format, info.width, info.height, info.mode = "JPEG", sof[0], sof[1], _JPEG_MODES[sof[2]]
+            info.problems.extend(_entropy_problems(data, info))
             return _check_extension(info, extension)
     try:
         with Image.open(io.BytesIO(data)) as img:
@@ -234,11 +240,53 @@ def inspect_image(data: bytes, *, extension: str | None = None) -> ImageInfo:
         _, problem = _jpeg_walk(data)
         if problem:
             info.problems.append(("truncated" if "truncated" in problem else "corrupt", problem))
+        else:
+            info.problems.extend(_entropy_problems(data, info))
     elif info.format == "PNG":
         problem = _png_walk(data)
         if problem:
             info.problems.append(("truncated" if "truncated" in problem else "corrupt", problem))
     return _check_extension(info, extension)
+
+
+def _entropy_problems(data: bytes, info: ImageInfo) -> list[tuple[str, str]]:
+    """What libjpeg-turbo says about a JPEG's image data when it decodes it at 1/8 scale in grey
+    (the Huffman decoding, the only way to find where the data ends, without the full-size inverse
+    DCT, upsampling and colour conversion): ``decoder-warning`` for damage it would decode around,
+    ``decode-failed`` for damage it stops on; nothing for a whole JPEG or one over the default size
+    limit (refused from its header). It makes the fast pass several times slower than the marker walk
+    alone: docs/data-checks.md#what-the-fast-pass-decodes."""
+    import simplejpeg  # defer: only needed when checking
+
+    if not 0 < info.pixels <= DEFAULT_MAX_PIXELS:
+        return []
+    colorspace = "CMYK" if info.mode == "CMYK" else "GRAY"  # libjpeg-turbo converts CMYK to nothing else
+    try:
+        simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=1, min_width=1, strict=True)
+    except ValueError as strict_error:
+        said = str(strict_error).strip().rstrip(".")
+        try:
+            simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=1, min_width=1, strict=False)
+        except ValueError:
+            # TurboJPEG's API refuses a few layouts that libjpeg decodes (unusual subsampling):
+            # Pillow's libjpeg, at the same scale, has the last word on a failure
+            refused = _pillow_refuses(data, info)
+            return [("decode-failed", f"the JPEG decoder stops on it ({refused})")] if refused else []
+        return [("decoder-warning", f"makes the JPEG decoder warn ({said})")]
+    return []
+
+
+def _pillow_refuses(data: bytes, info: ImageInfo) -> str | None:
+    """Why Pillow cannot decode ``data`` (at 1/8 scale), or None when it can."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft(img.mode, (max(1, info.width // 8), max(1, info.height // 8)))
+            img.load()
+    except Exception as e:  # noqa: BLE001 - any decoder failure is the answer
+        return re.sub(r"^tj\w*\(\): ", "", str(e).strip().rstrip(".")) or type(e).__name__
+    return None
 
 
 def _check_extension(info: ImageInfo, extension: str | None) -> ImageInfo:
