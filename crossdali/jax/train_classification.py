@@ -39,6 +39,7 @@ from crossdali.common.distributed import detect_distributed
 from crossdali.common.loading.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
 from crossdali.common.loading.cuda_queues import share_gpu_with_dali
 from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.defaults import resolve_defaults
 from crossdali.common.scripts.metrics import format_test_line, val_stats
 from crossdali.common.scripts.runs import (
     BestCheckpoint,
@@ -239,16 +240,16 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                               no_gpu=f"a CUDA GPU visible to JAX (CPU-only jaxlib? pip install 'jax[cuda13]=={jax.__version__}')")
     device = jax.devices()[0]
     log.info("JAX %s on %s", jax.__version__, device)
+    defaults = resolve_defaults(args, cuda=jax.default_backend() == "gpu", layout="NHWC")
     if backend == "dali-gpu":
         log.info("%s=%s (CUDA hardware queues: DALI's streams beside XLA's)", CUDA_QUEUES_VARIABLE, queues)
     log_accepted_flags(args, channels_last="the flax models here are NHWC already",
                        checkpoint_every=f"the JAX script saves {CHECKPOINT} at epoch ends only; a run killed "
                                         "mid-epoch redoes that epoch")
     train_loader, val_loader, num_classes, class_names = load_data(args, backend)
-    args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
     model = create_model(args.arch, num_classes=num_classes, dtype=jnp.bfloat16 if args.amp else jnp.float32)
-    base_lr = args.lr * args.batch_size / 256
+    base_lr = defaults.lr
     steps_per_epoch = max(1, len(train_loader))
     total = args.epochs * steps_per_epoch
     warmup = max(1, min(int(args.lr_warmup_epochs * steps_per_epoch), total - 1))
@@ -282,7 +283,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     log.info("outputs: %s", run_dir)
     metrics.write(event="start", task="classification", framework="jax", arch=args.arch, backend=backend, world_size=1,
                   batch_size=args.batch_size, lr=base_lr, epochs=args.epochs, device=str(device),
-                  cuda_queues=queues if jax.default_backend() == "gpu" else None)
+                  cuda_queues=queues if jax.default_backend() == "gpu" else None, **defaults.record())
     train_step, eval_step = make_steps(model, num_classes=num_classes, label_smoothing=args.label_smoothing,
                                        multi_label=args.multi_label)
 

@@ -39,6 +39,7 @@ from crossdali.common.data.sample_data import ensure_classification, ensure_mult
 from crossdali.common.data.sources import resolve_source
 from crossdali.common.models import builder_name, models_for
 from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.defaults import resolve_defaults
 from crossdali.common.scripts.metrics import format_test_line, val_stats
 from crossdali.common.scripts.runs import (
     BestCheckpoint,
@@ -274,11 +275,12 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                                                                   "killed mid-epoch redoes that epoch")
     if args.channels_last:
         log.warning(CHANNELS_LAST_NOTE)
+    defaults = resolve_defaults(args, cuda=runtime.context.device_type == "gpu", world_size=runtime.dist.world_size,
+                                layout="NCHW")
     amp = _use_amp(args.amp, runtime.context)
     log.info("rank %d/%d (launcher %s, engine %s), context %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.context)
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
-    args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
     net = gluon.model_zoo.vision.get_model(arch, classes=num_classes, pretrained=False)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=runtime.context)
@@ -286,8 +288,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     # one forward pass gives every parameter its shape (Gluon's deferred initialisation), so the
     # distributed engines can broadcast the initial weights before the first step
     net(mx.nd.zeros((1, 3, args.crop_size, args.crop_size), ctx=runtime.context))
-    global_batch = args.batch_size * runtime.dist.world_size
-    lr = args.lr * global_batch / 256
+    lr = defaults.lr
     steps_per_epoch = max(1, len(train_loader))
     total = args.epochs * steps_per_epoch
     warmup = min(int(args.lr_warmup_epochs * steps_per_epoch), total - 1)
@@ -336,7 +337,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     log.info("outputs: %s", run_dir)
     metrics.write(event="start", task="classification", arch=arch, backend=backend,
                   precision="float16 (AMP)" if amp else "float32", layout="NCHW", world_size=runtime.dist.world_size,
-                  engine=runtime.engine, batch_size=args.batch_size, lr=lr, epochs=args.epochs, framework="mxnet")
+                  engine=runtime.engine, batch_size=args.batch_size, lr=lr, epochs=args.epochs, framework="mxnet",
+                  **(defaults.record() | {"amp": amp}))
 
     def validate() -> dict[str, float]:
         if args.multi_label:

@@ -28,6 +28,7 @@ from crossdali.common.data.sources import resolve_source
 from crossdali.common.errors import UsageError
 from crossdali.common.multilabel import resolve_multilabel_splits
 from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.defaults import resolve_defaults
 from crossdali.common.scripts.metrics import format_test_line
 from crossdali.common.scripts.script import run
 from crossdali.common.scripts.train_args import resolve_num_classes
@@ -149,6 +150,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     backend = choose_backend(args.data_backend)
     log.info("rank %d/%d (launcher %s, engine %s), device %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.device)
+    defaults = resolve_defaults(args, cuda=runtime.device.type == "cuda", world_size=runtime.dist.world_size)
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
 
     args.num_classes = num_classes  # the checkpoint's config then holds what `crossdali predict` needs
@@ -163,7 +165,8 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     r = start_run(args, runtime, model, train_loader, task="classification", metric=metric, ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=256,
                   meta={"multi_label": args.multi_label},
-                  start={"pipelines": args.pipelines, "model_stream": args.model_stream, "cuda_graphs": cuda_graphs})
+                  start={"pipelines": args.pipelines, "model_stream": args.model_stream, "cuda_graphs": cuda_graphs,
+                         **defaults.record()})
 
     if args.test_only:
         stats = evaluate(r.ddp_model, criterion, val_loader, runtime=runtime, amp=r.amp, num_classes=num_classes,

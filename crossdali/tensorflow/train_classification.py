@@ -42,6 +42,7 @@ from crossdali.common.data.sources import resolve_source
 from crossdali.common.loading.background import fetch_ahead
 from crossdali.common.models import builder_name, canonical_name
 from crossdali.common.scripts import script_parsers
+from crossdali.common.scripts.defaults import resolve_defaults
 from crossdali.common.scripts.metrics import format_test_line, val_stats
 from crossdali.common.scripts.runs import (
     BestCheckpoint,
@@ -291,6 +292,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                               cpu_note="no GPU visible to TensorFlow: DALI runs all operators on the CPU",
                               no_gpu="a GPU visible to TensorFlow (tensorflow-cpu is installed, or CUDA is not set up)")
     on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    defaults = resolve_defaults(args, cuda=on_gpu, world_size=runtime.dist.world_size, layout="NHWC")
     if args.amp:
         tf.keras.mixed_precision.set_global_policy("mixed_float16" if on_gpu else "mixed_bfloat16")
     log_accepted_flags(args, channels_last="Keras models here are NHWC already",
@@ -299,12 +301,10 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     log.info("rank %d/%d (launcher %s, engine %s), %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, "GPU" if on_gpu else "CPU")
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
-    args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
     with runtime.scope():  # tf.distribute: variables mirrored (and synchronised from worker 0)
         model = create_model(args.arch, num_classes=num_classes, crop_size=args.crop_size)
-    global_batch = args.batch_size * runtime.dist.world_size
-    base_lr = args.lr * global_batch / 256
+    base_lr = defaults.lr
     steps_per_epoch = max(1, train_loader.steps_per_epoch)
     total = args.epochs * steps_per_epoch
     warmup = min(int(args.lr_warmup_epochs * steps_per_epoch), total - 1)
@@ -364,7 +364,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
              "for ResNet-50 on an H100)" if jit_compile else "tf.function without XLA (--jit-compile)")
     metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
-                  epochs=args.epochs, jit_compile=jit_compile)
+                  epochs=args.epochs, jit_compile=jit_compile, **defaults.record())
     def validate(eval_step) -> dict[str, float]:
         if args.multi_label:
             return evaluate_multilabel(eval_step, val_loader, runtime=runtime)

@@ -18,7 +18,8 @@ SCRIPTS = {
 SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "--workers", "--crop-size",
           "--hw-decoder-load", "--exclude", "--skip-check", "--arch", "--num-classes", "-b", "--batch-size", "--epochs",
           "--lr", "--lr-warmup-epochs", "--momentum", "--wd", "--weight-decay", "--label-smoothing", "--engine", "--amp",
-          "--channels-last", "--resume", "--test-only", "--output-dir", "--checkpoint-every", "--seed", "--print-freq",
+          "--no-amp", "--channels-last", "--no-channels-last", "--resume", "--test-only", "--output-dir",
+          "--checkpoint-every", "--seed", "--print-freq",
           "--debug", "--multi-label", "-h", "--help"]
 #: Flags one framework has and the others do not yet, each named here so a new one is a decision:
 #: --pipelines (the shard split over several DALI pipelines) is PyTorch's only: its loader merges them, and
@@ -65,6 +66,17 @@ def test_the_same_command_line_parses_to_the_same_values(framework, tmp_path):
     assert (args.output_dir, args.checkpoint_every, args.exclude, args.skip_check, args.debug, args.resume,
             args.test_only, args.print_freq, args.hw_decoder_load, args.label_smoothing, args.weight_decay) == \
         (tmp_path / "run", 5, tmp_path / "x.txt", True, True, tmp_path / "ckpt", True, 7, 0.5, 0.1, 5e-5)
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_the_machine_dependent_defaults_and_their_off_switches(framework):
+    """--amp, --channels-last, -b and -j are left to ``resolve_defaults`` (None) in every script, and
+    --no-amp/--no-channels-last turn the GPU defaults off the same way everywhere."""
+    parser, _ = _parser(framework)
+    args = parser.parse_args([])
+    assert (args.amp, args.channels_last, args.batch_size, args.workers) == (None, None, None, None)
+    args = parser.parse_args(["--no-amp", "--no-channels-last"])
+    assert (args.amp, args.channels_last) == (False, False)
 
 
 @pytest.mark.parametrize("framework", SCRIPTS)

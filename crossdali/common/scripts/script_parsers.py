@@ -86,8 +86,9 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "Where the host launches a step much faster than the GPU runs it, a host stall (the "
                              "loader, Python) shorter than that lead leaves the GPU busy. On an H100 (ResNet-50 AMP) "
                              "the host got no further ahead with 2 than with 1 (README, 2026-11-28)")
-    add_run_args(parser, engines=ENGINES["pytorch"], amp=True, channels_last=True, checkpoint_every=True, run_dir=True,
-                 debug=True, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
+    add_run_args(parser, engines=ENGINES["pytorch"], amp=True, amp_default=None, channels_last=True,
+                 channels_last_default=None, checkpoint_every=True, run_dir=True, debug=True,
+                 engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
     add_multi_label_arg(parser)
     return parser
 
@@ -97,7 +98,7 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
     add_classification_data_args(parser, backends=CLASSIFICATION_BACKENDS, arch="resnet50", framework="tensorflow",
                                  arch_help="classifier (tf.keras.applications models, and small_cnn for tests)",
                                  workers_help="DALI threads or tf.data parallel calls per process")
-    add_run_args(parser, engines=ENGINES["tensorflow"], amp=True,
+    add_run_args(parser, engines=ENGINES["tensorflow"], amp=True, amp_default=None, channels_last_default=None,
                  amp_help="mixed precision: mixed_float16 on GPU, mixed_bfloat16 on CPU",
                  channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: Keras models "
                                                         "here are NHWC (channels_last) already",
@@ -127,7 +128,8 @@ def jax_classification(add_help: bool = True) -> argparse.ArgumentParser:
     add_classification_data_args(parser, backends=(*DALI_BACKENDS, "synthetic"), arch="resnet50", framework="jax",
                                  arch_help="flax classifier (crossdali.jax.models; small_cnn for tests)",
                                  workers_help="DALI threads")
-    add_run_args(parser, engines=ENGINES["jax"], amp=True, amp_help="compute in bfloat16 (weights and loss stay float32)",
+    add_run_args(parser, engines=ENGINES["jax"], amp=True, amp_default=None, channels_last_default=None,
+                 amp_help="compute in bfloat16 (weights and loss stay float32)",
                  engine_help="one process only (jax.distributed is not wired): auto and none are the same",
                  channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: the flax "
                                                         "models here are NHWC already",
@@ -145,7 +147,7 @@ def mxnet_classification(add_help: bool = True) -> argparse.ArgumentParser:
                                  arch_help="classifier (Gluon model zoo; its own names such as resnet50_v1 work too)",
                                  workers_help="DALI threads or ImageRecordIter threads per process",
                                  backend_help="native = mx.io.ImageRecordIter (needs RecordIO)")
-    add_run_args(parser, engines=ENGINES["mxnet"], amp=True,
+    add_run_args(parser, engines=ENGINES["mxnet"], amp=True, amp_default=None, channels_last_default=None,
                  amp_help="mixed precision: MXNet's AMP (mxnet.contrib.amp, float16 with dynamic loss scaling) on a "
                           "CUDA GPU; the CPU wheel trains in float32 and says so (no float16 GEMM on the CPU, and "
                           "its bfloat16 convolutions need AVX-512)",

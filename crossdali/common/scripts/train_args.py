@@ -27,6 +27,7 @@ from pathlib import Path
 from crossdali.common.data.sample_data import SIZES
 from crossdali.common.errors import UsageError
 from crossdali.common.models import LIST_COMMAND, arch_type
+from crossdali.common.scripts.defaults import AUTO_HELP
 
 __all__ = ["LazyChoices", "TrainArgumentParser",
            "create_parser", "log_accepted_flags", "add_data_args", "add_model_args", "add_optimizer_args",
@@ -121,12 +122,13 @@ def _unit_float(text: str) -> float:
 
 
 def add_data_args(parser: argparse.ArgumentParser, *, backends: Sequence[str], data_help: str,
-                  sample_sizes: Sequence[str] = tuple(SIZES), sample_size: str = "small", workers: int = 4,
+                  sample_sizes: Sequence[str] = tuple(SIZES), sample_size: str = "small", workers: int | None = 4,
                   workers_help: str = "DALI threads (or loader workers) per process", backend_help: str | None = None,
                   data_formats: Sequence[str] | None = None, hw_decoder_load: bool = True,
                   crop_size: int | None = 224) -> None:
     """Where the data comes from and how it is loaded. ``data_formats``/``crop_size``/
-    ``hw_decoder_load`` add those flags only where the task has them (None/False: left out)."""
+    ``hw_decoder_load`` add those flags only where the task has them (None/False: left out);
+    ``workers=None``: ``-j`` from the machine (``crossdali.common.scripts.defaults``)."""
     group = parser.add_argument_group("data")
     group.add_argument("--data", type=Path, default=None,
                        help=f"{data_help}; default: the embedded sample set (built if missing)")
@@ -136,7 +138,8 @@ def add_data_args(parser: argparse.ArgumentParser, *, backends: Sequence[str], d
                        help="sample set size when --data is not given")
     group.add_argument("--data-backend", default="auto", choices=["auto", *backends],
                        help=backend_help or "input pipeline; auto: dali-gpu when a GPU is visible, else dali-cpu")
-    group.add_argument("-j", "--workers", type=positive_int, default=workers, help=workers_help)
+    group.add_argument("-j", "--workers", type=positive_int, default=workers,
+                       help=workers_help + (AUTO_HELP["workers"] if workers is None else ""))
     if crop_size is not None:
         group.add_argument("--crop-size", type=positive_int, default=crop_size, help="training crop / val centre crop, pixels")
     if hw_decoder_load:
@@ -174,20 +177,24 @@ def add_model_args(parser: argparse.ArgumentParser, *, arch: str, arches: Sequen
                            help="default: from the dataset (needed for record formats without labels metadata)")
 
 
-def add_optimizer_args(parser: argparse.ArgumentParser, *, batch_size: int, epochs: int, lr: float,
+def add_optimizer_args(parser: argparse.ArgumentParser, *, batch_size: int | None, epochs: int, lr: float,
                        lr_batch: int | None = 256, lr_warmup_epochs: float = 5.0, opt: str = "sgd",
                        opts: Sequence[str] = ("sgd", "adamw"), momentum: float = 0.9, weight_decay: float = 1e-4,
                        label_smoothing: bool = True, batch_help: str = "samples per process per step") -> None:
     """Batch, epochs and the optimiser (torchvision references' names). ``lr_batch``: ``--lr`` is
-    for a global batch of that size and scales linearly (None: not scaled)."""
+    for a global batch of that size and scales linearly (None: not scaled); ``batch_size=None``: from
+    the machine (``crossdali.common.scripts.defaults``)."""
     group = parser.add_argument_group("optimisation")
-    group.add_argument("-b", "--batch-size", type=positive_int, default=batch_size, help=batch_help)
+    group.add_argument("-b", "--batch-size", type=positive_int, default=batch_size,
+                       help=batch_help + (AUTO_HELP["batch_size"] if batch_size is None else ""))
     group.add_argument("--epochs", type=positive_int, default=epochs, help="epochs to train (in total, also when resuming)")
     if len(opts) > 1:
         group.add_argument("--opt", default=opt, choices=list(opts), help="optimiser")
     else:
         parser.set_defaults(opt=opt)
-    lr_help = f"learning rate for a global batch of {lr_batch} (scaled linearly)" if lr_batch else "learning rate"
+    lr_help = (f"learning rate for a global batch of {lr_batch}, scaled linearly (Goyal et al., 2017): the run "
+               f"trains with lr x batch-size x processes / {lr_batch}, and its start line says so" if lr_batch
+               else "learning rate")
     group.add_argument("--lr", type=float, default=lr, help=lr_help)
     group.add_argument("--lr-warmup-epochs", type=_non_negative_float, default=lr_warmup_epochs,
                        help="linear warm-up (epochs, may be fractional), then cosine decay to 0")
@@ -201,18 +208,21 @@ def add_optimizer_args(parser: argparse.ArgumentParser, *, batch_size: int, epoc
 def add_classification_data_args(parser: argparse.ArgumentParser, *, backends: tuple[str, ...], arch: str,
                                  arch_help: str, workers_help: str, backend_help: str | None = None,
                                  arches: Sequence[str] | None = None, framework: str | None = None) -> None:
-    """Data, model and optimiser flags of a classification script (torchvision references' names and defaults)."""
-    add_data_args(parser, backends=backends, workers_help=workers_help, backend_help=backend_help,
+    """Data, model and optimiser flags of a classification script (torchvision references' names and
+    defaults); ``-b`` and ``-j`` default from the machine (``crossdali.common.scripts.defaults``)."""
+    add_data_args(parser, backends=backends, workers=None, workers_help=workers_help, backend_help=backend_help,
                   data_help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO, WebDataset shards or file lists",
                   data_formats=("imagefolder", "tfrecord", "recordio", "webdataset", "filelist"))
     add_model_args(parser, arch=arch, arches=arches, arch_help=arch_help, num_classes=True, framework=framework)
-    add_optimizer_args(parser, batch_size=128, epochs=90, lr=0.1, lr_batch=256, lr_warmup_epochs=5, opts=("sgd",))
+    add_optimizer_args(parser, batch_size=None, epochs=90, lr=0.1, lr_batch=256, lr_warmup_epochs=5, opts=("sgd",))
 
 
 def add_run_args(parser: argparse.ArgumentParser, *, engines: Sequence[str], engine_help: str = "gradient averaging",
                  resume_help: str = "checkpoint to resume from", print_freq: int = 10, amp: bool = False,
                  amp_help: str = "mixed precision (float16 + loss scaling on GPU, bfloat16 on CPU)",
+                 amp_default: bool | None = False,
                  channels_last: bool = False, channels_last_help: str = "NHWC memory format for the model",
+                 channels_last_default: bool | None = False,
                  checkpoint_every: bool = False, checkpoint_every_default: int = 1000,
                  checkpoint_every_help: str = "also save checkpoint_last every N steps (0: only at epoch ends and on "
                                               "SIGTERM/SIGINT)",
@@ -221,14 +231,18 @@ def add_run_args(parser: argparse.ArgumentParser, *, engines: Sequence[str], eng
 
     ``amp``/``channels_last``/``checkpoint_every``/``debug`` add those flags where the script
     implements them (``debug``: the script runs under ``crossdali.common.scripts.script.run``); ``run_dir``:
-    the script writes to a default run folder when ``--output-dir`` is not given.
+    the script writes to a default run folder when ``--output-dir`` is not given. ``--amp`` and
+    ``--channels-last`` come with ``--no-amp``/``--no-channels-last``; ``amp_default``/
+    ``channels_last_default`` None: on where a CUDA GPU trains (``crossdali.common.scripts.defaults``).
     """
     group = parser.add_argument_group("run")
     group.add_argument("--engine", default="auto", choices=list(engines), help=engine_help)
     if amp:
-        group.add_argument("--amp", action="store_true", help=amp_help)
+        group.add_argument("--amp", action=argparse.BooleanOptionalAction, default=amp_default,
+                           help=amp_help + (AUTO_HELP["amp"] if amp_default is None else ""))
     if channels_last:
-        group.add_argument("--channels-last", action="store_true", help=channels_last_help)
+        group.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=channels_last_default,
+                           help=channels_last_help + (AUTO_HELP["channels_last"] if channels_last_default is None else ""))
     group.add_argument("--resume", type=Path, default=None, help=resume_help)
     group.add_argument("--test-only", action="store_true", help="only evaluate (the --resume checkpoint's weights)")
     output_help = "checkpoints, metrics.jsonl and the plot go here"
