@@ -247,6 +247,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                        checkpoint_every=f"the JAX script saves {CHECKPOINT} at epoch ends only; a run killed "
                                         "mid-epoch redoes that epoch")
     train_loader, val_loader, num_classes, class_names = load_data(args, backend)
+    args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
     model = create_model(args.arch, num_classes=num_classes, dtype=jnp.bfloat16 if args.amp else jnp.float32)
     base_lr = defaults.lr

@@ -281,6 +281,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     log.info("rank %d/%d (launcher %s, engine %s), context %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.context)
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
+    args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
     net = gluon.model_zoo.vision.get_model(arch, classes=num_classes, pretrained=False)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=runtime.context)

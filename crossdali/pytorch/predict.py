@@ -81,6 +81,9 @@ def load_inference_checkpoint(path: str | Path, *, map_location: str | torch.dev
     config = ckpt.get("config", ckpt.get("args"))
     if not isinstance(config, dict):
         raise CheckpointError(f"{path} has no 'config' or 'args' dict with {', '.join(REQUIRED_CONFIG)}")
+    # the training scripts keep arch and num_classes at the top level too; a run without --num-classes has
+    # config num_classes None in checkpoints written before the resolved number went into the config
+    config = {**config, **{k: ckpt[k] for k in ("arch", "num_classes") if config.get(k) is None and k in ckpt}}
     missing = [k for k in REQUIRED_CONFIG if config.get(k) is None]
     if missing:
         raise CheckpointError(f"{path}: the run's config lacks {', '.join(missing)}; inference needs "

@@ -301,6 +301,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     log.info("rank %d/%d (launcher %s, engine %s), %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, "GPU" if on_gpu else "CPU")
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
+    args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
     with runtime.scope():  # tf.distribute: variables mirrored (and synchronised from worker 0)
         model = create_model(args.arch, num_classes=num_classes, crop_size=args.crop_size)

@@ -75,6 +75,39 @@ def test_load_inference_checkpoint_reads_config_or_args(random_model, tmp_path):
     load_inference_checkpoint(tmp_path / "ddp.pth")
 
 
+def test_top_level_arch_and_num_classes_complete_the_config(random_model, tmp_path):
+    """Checkpoints of runs without --num-classes, written before the resolved count went into the
+    config: config num_classes None, the count at the top level (as the training scripts save it)."""
+    path = _save(tmp_path / "old.pth", random_model, arch="resnet18", num_classes=len(CLASSES), class_names=CLASSES,
+                 config={"arch": "resnet18", "crop_size": CROP, "num_classes": None})
+    _, config, names = load_inference_checkpoint(path)
+    assert config["num_classes"] == len(CLASSES) and names == CLASSES
+
+
+@pytest.mark.slow
+def test_predict_takes_what_the_default_training_command_writes(tiny_classification, tmp_path):
+    """`crossdali train classification` without --num-classes, then `crossdali predict` on both checkpoints."""
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    train = subprocess.run([sys.executable, "-m", "crossdali", "train", "classification", "--framework", "pytorch",
+                            "--data", str(tiny_classification / "imagefolder"), "--arch", "small_cnn", "--crop-size",
+                            str(CROP), "--epochs", "1", "-b", "32", "--output-dir", str(run_dir)],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert train.returncode == 0, train.stderr
+    ckpt = torch.load(run_dir / "checkpoint_best.pth", weights_only=True)
+    assert ckpt["config"]["num_classes"] == ckpt["num_classes"] == len(CLASSES)
+    image = sorted((tiny_classification / "imagefolder" / "val").glob("*/*.jpg"))[0]
+    for name in ("checkpoint_best.pth", "checkpoint_last.pth"):
+        proc = subprocess.run([sys.executable, "-m", "crossdali", "predict", str(run_dir / name), str(image),
+                               "--topk", "2"], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+        assert proc.returncode == 0, proc.stderr
+        (line,) = proc.stdout.strip().splitlines()
+        assert line.startswith(f"{image}: ") and line.split(": ")[1].split()[0] in CLASSES
+
+
 def test_checkpoint_that_needs_unpickling_is_refused(random_model, tmp_path):
     ns = argparse.Namespace(arch="resnet18", crop_size=CROP, num_classes=11)  # what vars(args) was meant to avoid
     path = _save(tmp_path / "pickled.pth", random_model, args=ns)

@@ -138,6 +138,44 @@ def _excluded(files: list[str], labels: list[int], exclusions: Exclusions, where
     return [files[i] for i in keep], [labels[i] for i in keep]
 
 
+def _class_folders(root: Path) -> list[str]:
+    """The class folders of ``root``, sorted; an entry that cannot be followed (a symbolic link loop)
+    is one ``DataError`` naming it: whether it was meant as a class decides every label after it."""
+    classes = []
+    for e in os.scandir(root):
+        if e.name.startswith("."):
+            continue
+        try:
+            if e.is_dir():
+                classes.append(e.name)
+        except OSError as err:
+            raise DataError(f"{e.path} cannot be followed ({err.strerror or err}); make it a class folder or remove it "
+                            f"from {root}") from None
+    return sorted(classes)
+
+
+def _class_images(folder: Path) -> list[str]:
+    """The image names of one class folder, sorted. An image name that cannot be read as a file (a
+    symbolic link loop, a link to nothing) is kept: the check then names it as a bad sample, where
+    skipping it would hide it; an unreadable folder is one ``DataError``."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as e:
+        raise DataError(f"class folder {folder} cannot be read ({e.strerror or e}); check its permissions, or remove "
+                        "it") from None
+    names = []
+    for e in entries:
+        if not e.name.lower().endswith(IMAGE_EXTENSIONS):
+            continue
+        try:
+            keep = e.is_file() or (e.is_symlink() and not e.is_dir())
+        except OSError:  # ELOOP, EACCES: stat fails, the fast pass reports why
+            keep = True
+        if keep:
+            names.append(e.name)
+    return sorted(names)
+
+
 def scan_image_folder(root: Path, *, validate: bool = True, exclude: Exclusions | None = None,
                       max_pixels: int | None = None) -> DataSource:
     """Enumerate ``root/<class>/<image>`` like torchvision's ImageFolder (classes sorted); leave
@@ -145,17 +183,13 @@ def scan_image_folder(root: Path, *, validate: bool = True, exclude: Exclusions 
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"image folder {root} does not exist; pass --data pointing at a folder with train/ and val/")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    classes = _class_folders(root)
     if not classes:
         raise DataError(f"{root} has no class sub-folders; expected {root}/<class>/<image>.jpg (ImageFolder layout)")
     files: list[str] = []
     labels: list[int] = []
     for label, cls in enumerate(classes):
-        names = sorted(
-            e.name
-            for e in os.scandir(root / cls)
-            if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)
-        )
+        names = _class_images(root / cls)
         if not names:
             raise DataError(
                 f"class folder {root / cls} has no images (extensions {', '.join(IMAGE_EXTENSIONS)}); "

@@ -7,6 +7,7 @@ JSON report and the exclusion list, ``crossdali.common.data.sources`` and friend
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import multiprocessing
@@ -41,7 +42,7 @@ DEPTHS = ("fast", "full")
 FILE_READER_DEVICES = ("gpu",)
 
 _FIXES = {
-    "unreadable": "check its permissions and the file system",
+    "unreadable": "check its permissions, the file system, or where its symbolic link points; or remove it",
     "empty": "re-download or re-encode it from the original, or remove it",
     "not-an-image": "replace it with the real image, or remove it",
     "unsupported-format": "convert it (e.g. `python -c \"from PIL import Image; Image.open('IN').convert('RGB')"
@@ -181,6 +182,13 @@ def _size_problem(info_pixels: int, width: int, height: int, settings: CheckSett
 # --------------------------------------------------------------------------------------------
 
 
+def _unreadable(error: OSError) -> str:
+    """Why a sample could not be opened, in words (a symbolic link loop says so)."""
+    if error.errno == errno.ELOOP:
+        return f"is a symbolic link that never reaches a file ({error.strerror})"
+    return f"cannot be read ({error.strerror or error})"
+
+
 def _inspect_one(path: str) -> tuple[ImageInfo, list[int] | None, str]:
     """(the file's header, its cache signature or ``None`` when it could not be read, its absolute
     path: the cache's key). The signature comes from the open file (``fstat``), so a file never
@@ -192,7 +200,7 @@ def _inspect_one(path: str) -> tuple[ImageInfo, list[int] | None, str]:
             st = os.fstat(f.fileno())
             data = f.read()
     except OSError as e:
-        return ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")]), None, absolute
+        return ImageInfo(problems=[("unreadable", _unreadable(e))]), None, absolute
     return inspect_image(data, extension=os.path.splitext(path)[1]), [st.st_size, st.st_mtime_ns], absolute
 
 
@@ -245,7 +253,7 @@ def check_image_files(files: Sequence[str], *, root: str | os.PathLike | None, s
         try:
             sigs[path] = file_signature(path)
         except OSError as e:
-            infos[path] = ImageInfo(problems=[("unreadable", f"cannot be read ({e.strerror or e})")])
+            infos[path] = ImageInfo(problems=[("unreadable", _unreadable(e))])
             settings.tick(1)
             continue
         entry = cache.get(absolute[path], sigs[path])
