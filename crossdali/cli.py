@@ -44,7 +44,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="crossdali", description=__doc__, formatter_class=_Formatter)
+    parser = argparse.ArgumentParser(prog="crossdali", description=__doc__.replace("``", ""), formatter_class=_Formatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     sub.add_parser("info", help="DALI, GPUs, installed frameworks and what --data-backend auto picks",
@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args([command, "--help"])  # prints the command's help and exits 0
     if command == "train":
         tasks = sorted({t for t, _ in TRAIN_SCRIPTS})
+        if rest[0].startswith("-"):
+            raise SystemExit(f"crossdali train: the task comes first, one of {', '.join(tasks)} "
+                             f"(e.g. crossdali train classification {' '.join(rest)})")
         if rest[0] not in tasks:
             raise SystemExit(f"crossdali train: unknown task {rest[0]!r}; choose one of {', '.join(tasks)}")
         framework, script_args = _take_framework(rest[1:])
@@ -200,14 +203,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print_info()
         return 0
-    if args.command == "plot":
-        from crossdali.common.scripts.runs import plot_run  # defer: matplotlib
-
     if args.command == "models":
         from crossdali.common.models import format_table
 
         print(format_table(args.framework))
         return 0
+    if args.command == "plot":
+        from crossdali.common.scripts.runs import plot_run  # defer: matplotlib
+
         if not (args.run_dir / "metrics.jsonl").is_file():
             raise SystemExit(f"crossdali plot: {args.run_dir} has no metrics.jsonl; pass a run folder "
                              "(a training script's --output-dir, by default runs/<task>-<framework>-<arch>-<time>)")

@@ -29,8 +29,9 @@ def test_help_lists_commands_and_imports_no_framework(args):
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout, proc.stdout  # --help stays fast: no framework, no DALI imported
     if not args:
-        for command in ("info", "make-data", "check", "train", "plot", "bench"):
+        for command in ("info", "make-data", "check", "train", "plot", "bench", "models"):
             assert command in proc.stdout
+    assert "``" not in proc.stdout  # plain text, not reST
 
 
 @pytest.mark.parametrize("args, message", [
@@ -38,6 +39,9 @@ def test_help_lists_commands_and_imports_no_framework(args):
     (("train", "classification", "--framework", "caffe"), "--framework 'caffe' is not one of pytorch"),
     (("train", "detection", "--framework", "mxnet"), "no mxnet script; this task exists for pytorch"),
     (("bench", "nope"), "unknown benchmark 'nope'"),
+    (("plot", "docs"), "crossdali plot: docs has no metrics.jsonl; pass a run folder"),
+    (("train", "--framework", "pytorch"), "the task comes first, one of classification, detection, optical-flow, "
+                                          "video (e.g. crossdali train classification --framework pytorch)"),
 ])
 def test_user_mistakes_are_one_line_and_exit_2(args, message):
     proc = _crossdali(*args)
