@@ -79,5 +79,5 @@ def log_epoch_plan(name: str, num_samples: int, *, batch_size: int, num_shards: 
     shards = f"{num_shards} shard(s)" + (f" x {pipelines} pipelines" if pipelines > 1 else "")
     msg = f"{name}: {num_samples} samples, {shards}, batch {batch_size}, last batch {policy.name}"
     if left:
-        msg += f"; {left} samples left out per epoch (a different set each epoch)"
+        msg += f"; {left} sample{'' if left == 1 else 's'} left out per epoch (a different set each epoch)"
     log.info(msg)

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["MetricsWriter", "format_epoch_line", "format_test_line", "latest_records", "read_metrics", "topk_for",
-           "val_stats"]
+__all__ = ["MetricsWriter", "discard_unstarted_runs", "format_epoch_line", "format_test_line", "latest_records",
+           "read_metrics", "topk_for", "val_stats"]
 
 
 def topk_for(num_classes: int, ks: tuple[int, ...] = (1, 5)) -> tuple[int, ...]:
@@ -40,10 +40,10 @@ def format_test_line(stats: dict[str, float]) -> str:
     ``test: val loss 0.2 mAP 61.0 F1 40.3 over 55 samples``)."""
     if "val_f1" in stats:
         return (f"test: val loss {stats['val_loss']:.4f} mAP {stats['val_map']:.2f} F1 {stats['val_f1']:.2f} "
-                f"over {stats['val_samples']} samples")
+                f"over {stats['val_samples']} sample{'' if stats['val_samples'] == 1 else 's'}")
     top5 = f" top5 {stats['val_top5']:.2f}" if "val_top5" in stats else ""
     return (f"test: val loss {stats['val_loss']:.4f} top1 {stats['val_top1']:.2f}{top5} "
-            f"over {stats['val_samples']} samples")
+            f"over {stats['val_samples']} sample{'' if stats['val_samples'] == 1 else 's'}")
 
 
 class MetricsWriter:
@@ -55,22 +55,59 @@ class MetricsWriter:
     def __init__(self, output_dir: Path | None, *, enabled: bool = True) -> None:
         self.path = Path(output_dir) / "metrics.jsonl" if output_dir is not None and enabled else None
         self._file: IO[str] | None = None
+        #: what this writer created and wrote, for ``discard_unstarted_runs``
+        self.created_dirs: list[Path] = []
+        self.created_file = False
+        self.events: set[str] = set()
         if self.path is not None:
+            self.created_dirs = [d for d in (self.path.parent, *self.path.parent.parents) if not d.exists()]
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _WRITERS.append(self)
 
     def write(self, **record) -> None:
         if self.path is None:
             return
         record.setdefault("time", time.time())
         if self._file is None:
+            self.created_file = self.created_file or not self.path.exists()
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open between records
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
+        self.events.add(str(record.get("event")))
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+_WRITERS: list[MetricsWriter] = []  # this process's writers, newest last
+
+
+def discard_unstarted_runs() -> list[Path]:
+    """Undo the run folders of this process's writers whose run stopped on a user's mistake before it
+    left anything to resume or compare (such as a bad sample found by DALI with ``--skip-check``): a
+    ``metrics.jsonl`` this writer created that holds no more than the ``start`` record and the first
+    epoch's ``step`` records is removed, and so are the folders it created once they are empty. A
+    folder with anything else in it (a checkpoint) is left as it is. Returns what was removed."""
+    removed: list[Path] = []
+    while _WRITERS:
+        writer = _WRITERS.pop()
+        writer.close()
+        if writer.path is None or not writer.created_file or writer.events - {"start", "step"}:
+            continue
+        folder = writer.path.parent
+        if writer.created_dirs and any(p != writer.path for p in folder.iterdir()):
+            continue  # something else was written there: it stays, with the metrics that explain it
+        writer.path.unlink(missing_ok=True)
+        removed.append(writer.path)
+        for created in writer.created_dirs:  # deepest first
+            try:
+                created.rmdir()
+            except OSError:  # not empty (or gone): leave it and its parents
+                break
+            removed.append(created)
+    return removed
 
 
 def read_metrics(output_dir: Path | str) -> list[dict]:

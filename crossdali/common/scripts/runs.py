@@ -237,7 +237,8 @@ def summarize(records: list[dict], *, metric: str, higher_is_better: bool = True
 
 def format_summary(summary: dict, *, run_dir: Path, files: list[str], unit: str = "img") -> str:
     """The lines a person reads at the end of a run."""
-    lines = [f"done: {summary['epochs']} epochs, {format_duration(summary['train_seconds'])} training + "
+    epochs = f"{summary['epochs']} epoch{'' if summary['epochs'] == 1 else 's'}"
+    lines = [f"done: {epochs}, {format_duration(summary['train_seconds'])} training + "
              f"{format_duration(summary['eval_seconds'])} evaluation"]
     if summary["best"] is not None:
         lines.append(f"  best {summary['metric']} {summary['best']:.4g} (epoch {summary['best_epoch']}), "

@@ -39,6 +39,14 @@ def configure_logging(*, is_main: bool, debug: bool = False) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
 
+def _discard_unstarted_runs() -> None:
+    """A run stopped by a user's mistake before its first checkpoint or epoch leaves no folder behind."""
+    from crossdali.common.scripts.metrics import discard_unstarted_runs
+
+    for path in discard_unstarted_runs():
+        logging.getLogger(__name__).debug("removed %s: the run stopped before its first checkpoint", path)
+
+
 def _prefix(prog: str) -> str:
     dist = detect_distributed()
     return f"{prog} [rank {dist.rank}]" if dist.is_distributed else prog
@@ -52,6 +60,7 @@ def run(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentPars
     try:
         main(args)
     except USER_ERRORS as e:
+        _discard_unstarted_runs()
         if debug:
             raise
         print(f"{_prefix(parser.prog)}: error: {e}", file=sys.stderr)

@@ -65,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {p.message}", file=sys.stderr)
     if len(errors) > 20:
         print(f"  ... and {len(errors) - 20} more in {report_path}", file=sys.stderr)
-    print(f"report: {report_path}\nexclusion list ({len(set(p.sample for p in errors))} samples): {exclude_path}"
+    excluded = len(set(p.sample for p in errors))
+    print(f"report: {report_path}\nexclusion list ({excluded} sample{'' if excluded == 1 else 's'}): {exclude_path}"
           + (f"\ntrain on the rest with --exclude {exclude_path}" if errors else ""))
     return 1 if errors else 0
 

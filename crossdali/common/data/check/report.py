@@ -85,7 +85,7 @@ class Report:
     def exclusion_text(self) -> str:
         rows = {p.sample: f"{p.code}: {p.message}" for p in self.errors}
         return format_exclusions(sorted(rows.items()), header=(
-            f"crossdali check {self.data} --depth {self.depth}: {len(rows)} samples to leave out.\n"
+            f"crossdali check {self.data} --depth {self.depth}: {len(rows)} sample{'' if len(rows) == 1 else 's'} to leave out.\n"
             "Pass this file as --exclude to a training script, or exclude= to a loader factory."))
 
     def write(self, out: str | os.PathLike) -> tuple[Path, Path]:
