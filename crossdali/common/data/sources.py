@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import re
+import shlex
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -115,14 +116,14 @@ def check_image_headers(files: list[str] | tuple[str, ...], *, threads: int = 16
 
 
 def validate_files(files: list[str] | tuple[str, ...], *, root: Path | str | None, where: str,
-                   max_pixels: int | None = None) -> None:
+                   max_pixels: int | None = None, data_hint: str | None = None) -> None:
     """The fast pass of ``crossdali check`` over image files (cached by path, size and mtime):
     raise one ``DataError`` listing every file that is unreadable, empty, not an image DALI
     decodes, misnamed, truncated, structurally corrupt, or whose header claims more than
     ``max_pixels`` (a forged header is refused before any pixel is allocated)."""
     settings = CheckSettings(threads=8, **({"max_pixels": max_pixels} if max_pixels else {}))
     problems, _ = check_image_files(list(files), root=root, settings=settings)
-    error = problems_error(problems, where=where, total=len(files))
+    error = problems_error(problems, where=where, total=len(files), data_hint=data_hint)
     if error is not None:
         raise error
 
@@ -199,7 +200,9 @@ def scan_image_folder(root: Path, *, validate: bool = True, exclude: Exclusions 
         labels.extend([label] * len(names))
     files, labels = _excluded(files, labels, exclude or Exclusions(), str(root))
     if validate:
-        validate_files(files, root=root.parent, where=str(root), max_pixels=max_pixels)
+        # the hint names the dataset folder and the split: `crossdali check` finds no dataset in a split folder
+        validate_files(files, root=root.parent, where=str(root), max_pixels=max_pixels,
+                       data_hint=f"{shlex.quote(str(root.parent))} --split {shlex.quote(root.name)}")
     return DataSource(
         format="imagefolder", root=root, files=tuple(files), labels=tuple(labels),
         classes=tuple(classes), num_samples=len(files),
@@ -216,20 +219,27 @@ def read_file_list(list_path: Path, *, root: Path | None = None, validate: bool 
     root = Path(root) if root is not None else list_path.parent
     files: list[str] = []
     labels: list[int] = []
+    lines: dict[str, int] = {}
     for lineno, line in enumerate(list_path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         parts = line.rsplit(maxsplit=1)
         if len(parts) != 2 or not parts[1].lstrip("-").isdigit() or int(parts[1]) < 0:
             raise DataError(f"{list_path}:{lineno}: expected '<path> <non-negative integer label>', got {line!r}")
-        path = root / parts[0]
-        if not path.is_file():
-            raise DataError(f"{list_path}:{lineno}: {path} does not exist")
-        files.append(str(path))
+        files.append(str(root / parts[0]))
         labels.append(int(parts[1]))
+        lines.setdefault(files[-1], lineno)
     if not files:
         raise DataError(f"file list {list_path} lists no images")
+    # exclusions first, so that a listed file that is gone can be excluded; without ``validate``
+    # (``crossdali check``) a missing file stays in, to be reported as a bad sample of its own
     files, labels = _excluded(files, labels, exclude or Exclusions(), str(list_path))
+    missing = [f for f in files if not os.path.isfile(f)] if validate else []
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise DataError(f"{list_path}:{lines[missing[0]]}: {missing[0]} does not exist{more}; restore it, remove its line, "
+                        f"or leave it out: `crossdali check {shlex.quote(str(list_path))}` writes an exclusion list to "
+                        "pass as --exclude FILE")
     if validate:
         validate_files(files, root=root, where=str(list_path), max_pixels=max_pixels)
     return DataSource(format="filelist", root=root, files=tuple(files), labels=tuple(labels), num_samples=len(files))
@@ -262,7 +272,7 @@ def _record_source(fmt: str, data: Path, records: list[Path], *, validate: bool 
                                              settings=settings)
         left = [p for p in problems if "#" not in p.sample
                 or int(p.sample.rsplit("#", 1)[1]) not in exclude.excluded_records(p.path)]
-        error = problems_error(left, where=f"{fmt} records of {data}", total=total, data_hint=str(data))
+        error = problems_error(left, where=f"{fmt} records of {data}", total=total, data_hint=shlex.quote(str(data)))
         if error is not None:
             raise error
     paths, index_paths, n, dropped = [], [], 0, 0
@@ -288,6 +298,14 @@ def _record_source(fmt: str, data: Path, records: list[Path], *, validate: bool 
         whole = len(records) - len(kept)
         log.warning("%s records of %s: excluded %d records%s listed in %s", fmt, data, dropped,
                     f" and {whole} whole record files" if whole else "", exclude.origin or "exclude=")
+    if n == 0 and len(kept) < len(records):
+        whole = [r for r in records if exclude.excludes_file(r)]
+        raise DataError(f"the exclusion list {exclude.origin or ''} leaves out every record of {data}, "
+                        f"{len(whole)} record file{'s' if len(whole) > 1 else ''} whole ({', '.join(map(str, whole[:3]))}"
+                        f"{', ...' if len(whole) > 3 else ''}): nothing to train on. A record file is left out whole when "
+                        f"its index does not match it, so no record of it can be found; "
+                        f"{rec_io.rebuild_hint(fmt, whole[0], whole[0].with_suffix('.idx'))}, then run `crossdali check "
+                        f"{shlex.quote(str(data))}` again")
     if n == 0:
         raise DataError(f"index files {', '.join(map(str, indexes))} list no records"
                         + (" (after the exclusions)" if exclude else ""))

@@ -12,6 +12,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import shlex
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -367,12 +368,14 @@ def _scan_records(fmt: str, rec: Path, idx: Path, *, image_key: str, label_key: 
     file_problems = [["bad-index", p] for p in rec_io.check_index(fmt, rec, idx, entries)]
     record_problems: list[list] = []
     pixels = [0] * len(entries)
-    misplaced, gaps = [], 0
+    misplaced, cut, gaps = [], [], []
     for entry, payload, problem in rec_io.iter_records(fmt, rec, entries):
         if problem is not None:
             kind, _, text = problem.partition(":")
             if kind == "gap":
-                gaps += int(text)
+                gaps.append((entry.offset, int(text)))
+            elif kind == "frame" and ("past the end of the file" in text or text.startswith("is truncated")):
+                cut.append((entry, text))
             elif kind == "frame":
                 misplaced.append((entry, text))
             else:
@@ -401,6 +404,17 @@ def _scan_records(fmt: str, rec: Path, idx: Path, *, image_key: str, label_key: 
         if info.pixels and info.height > 0:
             record_problems.append([entry.position, "_size", f"{info.width}x{info.height}"])
     hint = rec_io.rebuild_hint(fmt, rec, idx)
+    if cut and not misplaced and not any(offset < cut[0][0].offset for offset, _ in gaps):
+        # the file ends early and every record before the cut is where its index says, back to back:
+        # the lost records are bad samples of their own, and the intact ones stay usable once the
+        # exclusion list leaves those out (the bytes of the record cut in two are no gap of the index)
+        for entry, text in cut:
+            record_problems.append([entry.position, "truncated", f"{text}: the file was cut short; its records "
+                                                                 "before this one are intact"])
+        gaps = []
+    else:  # an index that points elsewhere too: stale, the whole file is suspect
+        misplaced = sorted(misplaced + cut, key=lambda m: m[0].position)
+    gaps = sum(n for _, n in gaps)
     if misplaced:
         first, text = misplaced[0]
         line = first.position + (2 if fmt == "webdataset" else 1)  # a WebDataset index starts with a header line
@@ -489,7 +503,7 @@ def problems_error(problems: Sequence[Problem], *, where: str, total: int, data_
     errors = [p for p in problems if p.severity == "error"]
     if not errors:
         return None
-    target = data_hint or where
+    target = data_hint or shlex.quote(where)  # a data_hint is a command line's arguments, quoted by the caller
     fix = (f"`crossdali check {target}` lists every bad sample and writes an exclusion list to pass as "
            "--exclude FILE (exclude= in the loader factories)")
     if len(errors) == 1:  # the common case stays one line: the file, what is wrong, the fix
