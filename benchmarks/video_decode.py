@@ -238,7 +238,10 @@ def _reader_pipeline(files, *, device: str, instances: int, batch: int, seq: int
             shard = dict(filenames=files, sequence_length=seq, step=seq, shard_id=shard_offset + i, num_shards=total,
                          random_shuffle=shuffle, name=f"Reader{i}")
             if legacy:  # fn.readers.video: NVDEC only, its own decode thread per reader, no CPU backend
-                outs.append(fn.readers.video(device="gpu", dtype=types.UINT8, **shard))
+                # file_list_include_preceding_frame set as crossdali's reader sets it (it only matters for file
+                # lists with timestamps); left out, DALI warns once per reader instance
+                outs.append(fn.readers.video(device="gpu", dtype=types.UINT8, file_list_include_preceding_frame=True,
+                                             **shard))
             else:
                 outs.append(fn.experimental.readers.video(device=device, **shard))
         return tuple(outs)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -437,5 +436,4 @@ def _smoothed_loss(num_classes: int, smoothing: float):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     run(main, get_args_parser())
