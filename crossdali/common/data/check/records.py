@@ -153,9 +153,16 @@ def _wds_members_problems(rec: Path, idx: Path, entries: list[IndexEntry], hint:
     """Tar members the index does not list (DALI never reads them), read from the tar headers."""
     import tarfile
 
+    members: set[str] = set()
     try:
         with tarfile.open(rec) as tar:
-            members = {m.name for m in tar if m.isfile()}
+            for m in tar:
+                if m.isfile():
+                    members.add(m.name)
+    except tarfile.ReadError as e:
+        if "unexpected end of data" not in str(e):
+            return [f"is not a readable tar archive ({e})"]
+        # cut short: the members before the cut were read, each record past it is reported on its own
     except (tarfile.TarError, OSError) as e:
         return [f"is not a readable tar archive ({e})"]
     listed = {c[3] for e in entries for c in e.components if c[3]}
