@@ -22,31 +22,31 @@ from tests.conformance.corpus import DECODED, EXPECTED, case_bytes, image_folder
 FRAMEWORKS = ("pytorch", "tensorflow", "mxnet")
 
 
-def _batches(framework: str, root: Path) -> list[np.ndarray]:
-    """Every image batch of the val split through ``framework``'s dali-cpu loader, as numpy."""
+def _batches(framework: str, root: Path, backend: str = "dali-cpu") -> list[np.ndarray]:
+    """Every image batch of the val split through ``framework``'s ``backend`` loader, as numpy."""
     mod = pytest.importorskip({"pytorch": "torch", "tensorflow": "tensorflow", "mxnet": "mxnet"}[framework])
     del mod
     if framework == "pytorch":
         from crossdali.pytorch import create_classification_loader
 
-        return [x.numpy() for x, _ in create_classification_loader(root, train=False, batch_size=4, crop_size=32,
-                                                                    workers=1)]
+        return [x.float().numpy() for x, _ in create_classification_loader(root, train=False, batch_size=4, crop_size=32,
+                                                                            workers=1, backend=backend)]
     if framework == "tensorflow":
         from crossdali.tensorflow import create_classification_loader
 
         return [np.transpose(x.numpy(), (0, 3, 1, 2)) for x, _ in create_classification_loader(
-            root, train=False, batch_size=4, crop_size=32, workers=1)]
+            root, train=False, batch_size=4, crop_size=32, workers=1, backend=backend)]
     from crossdali.mxnet import create_classification_loader
 
     it = create_classification_loader(root, train=False, batch_size=4, crop_size=32, workers=1)
     return [b.data[0].asnumpy()[: 4 - b.pad] for b in it]
 
 
-def _verdict(framework: str, root: Path, name: str) -> str:
+def _verdict(framework: str, root: Path, name: str, backend: str = "dali-cpu") -> str:
     from crossdali.common.errors import DataError
 
     try:
-        batches = _batches(framework, root)
+        batches = _batches(framework, root, backend)
     except DataError as e:
         assert name in str(e), f"the error does not name {name}: {e}"
         return "refuse"
@@ -73,6 +73,17 @@ def test_same_verdict_in_every_framework(framework, case, corpus, tiny_classific
     # by default the loaders run the fast pass, which decodes JPEG image data at 1/8 scale
     expected = "accept" if EXPECTED[case] == "accept" else "refuse"
     assert _verdict(framework, root, name) == expected
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])  # MXNet's native backend reads RecordIO only
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_native_backends_reach_the_same_verdict(framework, case, corpus, tiny_classification, tmp_path):
+    """torchvision's and tf.data's own decoders, behind the same fast check: a real image or a refusal
+    naming the file, as with DALI."""
+    name, data = corpus[case]
+    root = image_folder(tmp_path / "data", tiny_classification, name, data)
+    expected = "accept" if EXPECTED[case] == "accept" else "refuse"
+    assert _verdict(framework, root, name, backend="native") == expected
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
