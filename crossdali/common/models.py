@@ -20,7 +20,7 @@ import difflib
 import textwrap
 from collections.abc import Callable
 
-__all__ = ["FRAMEWORKS", "MODELS", "ALIASES", "ModelNameError", "canonical_name", "builder_name", "models_for",
+__all__ = ["FRAMEWORKS", "MODELS", "ALIASES", "VIDEO_MODELS", "ModelNameError", "canonical_name", "builder_name", "models_for",
            "arch_type", "format_table"]
 
 FRAMEWORKS = ("pytorch", "tensorflow", "jax", "mxnet")
@@ -78,6 +78,9 @@ _TORCHVISION_ONLY = (
     "swin_t", "swin_s", "swin_b", "swin_v2_t", "swin_v2_s", "swin_v2_b",
     "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "wide_resnet50_2", "wide_resnet101_2",
 )
+
+#: the video classifiers of ``crossdali.video.models`` (PyTorch), by the names its ``--arch`` takes
+VIDEO_MODELS = ("small3d", "r2plus1d_18", "r3d_18", "mc3_18")
 
 #: name -> {framework: builder name}, only the frameworks that have it
 MODELS: dict[str, dict[str, str]] = {

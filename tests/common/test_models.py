@@ -93,3 +93,14 @@ def test_models_command_lists_the_table():
     proc = _run("-m", "crossdali", "models", "--framework", "jax")
     names = [line.split()[0] for line in proc.stdout.splitlines()[1:] if not line.startswith("also")]
     assert names == models_for("jax")
+
+
+@pytest.mark.parametrize("task", ["video", "detection"])
+def test_the_pytorch_only_tasks_check_arch_without_importing_torch(task):
+    code = ("import sys\nfrom crossdali.common.scripts.script_parsers import PARSERS\n"
+            f"parser = PARSERS[({task!r}, 'pytorch')]()\nparser.prog = 'train'\n"
+            "try:\n    parser.parse_args(['--arch', 'nonet'])\nexcept SystemExit as e:\n    print('EXIT', e.code)\n"
+            "print('HEAVY', sorted(m for m in ('torch', 'torchvision') if m in sys.modules))")
+    proc = _run("-c", code)
+    assert "EXIT 2" in proc.stdout and "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+    assert "argument --arch: invalid choice: 'nonet'" in proc.stderr

@@ -24,3 +24,10 @@ def test_create_model_by_name_and_alias():
     assert type(create_model("mobilenetv2", num_classes=3)).__name__ == "MobileNetV2"  # TensorFlow's spelling
     with pytest.raises(ValueError, match="'resnet50_v2' is not available in pytorch, only in tensorflow, mxnet"):
         create_model("resnet50_v2", num_classes=3)
+
+
+def test_the_video_names_are_the_video_models():
+    from crossdali.common.models import VIDEO_MODELS
+    from crossdali.video.models import ARCHS
+
+    assert tuple(VIDEO_MODELS) == tuple(ARCHS)

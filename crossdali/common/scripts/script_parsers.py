@@ -4,25 +4,23 @@ before PyTorch, TensorFlow, JAX or MXNet spend seconds loading (issue: "``--help
 lazy imports; argument and data errors before heavy imports").
 
 Each script's ``get_args_parser`` returns its parser from here; ``PARSERS`` maps ``(task,
-framework)`` to it for ``crossdali train``. A classifier's ``--arch`` is checked against the one
-model table of every framework (``crossdali.common.models``), without importing any; the video
-models are checked through ``LazyChoices``: PyTorch loads when ``--arch`` is given, not for ``--help``.
+framework)`` to it for ``crossdali train``. ``--arch`` is checked against the names in
+``crossdali.common.models`` (the classifiers' table of every framework, the video models), without
+importing any framework.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 
 from crossdali.common.data.sample_data import SIZES
 from crossdali.common.data.sample_data.video import VIDEO_SIZES
 from crossdali.common.distributed import ENGINES
-from crossdali.common.models import models_for
+from crossdali.common.models import VIDEO_MODELS, models_for
 from crossdali.common.options import CLASSIFICATION_BACKENDS, DALI_BACKENDS
 from crossdali.common.scripts.train_args import (
-    LazyChoices,
     add_classification_data_args,
     add_data_args,
     add_model_args,
@@ -40,11 +38,6 @@ __all__ = ["PARSERS", "JAX_CHECKPOINT", "pytorch_classification", "tensorflow_cl
 JAX_CHECKPOINT = "checkpoint.msgpack"
 _TORCH_ENGINE_HELP = "gradient averaging; auto: horovod under horovodrun, DDP under torchrun/Slurm"
 _TORCH_RESUME_HELP = "checkpoint_last.pth (or checkpoint_best.pth) to continue from, or to evaluate with --test-only"
-
-
-def _attribute(module: str, name: str) -> Callable[[], list[str]]:
-    """A loader for ``LazyChoices``: the names in ``module.name`` (imported on first use)."""
-    return lambda: list(getattr(importlib.import_module(module), name))
 
 
 def _ssd_backbones() -> list[str]:
@@ -204,9 +197,7 @@ def video_classification(add_help: bool = True) -> argparse.ArgumentParser:
                             "arrive in one batch. Pays where key frames are further apart than a clip: set "
                             "clips-per-read x clip-len x frame-stride to the files' key-frame interval. The batch size "
                             "must divide by it; a file's last clips that do not fill a read are left out (logged)")
-    add_model_args(parser, arch="small3d", arches=LazyChoices(_attribute("crossdali.video.models", "ARCHS"),
-                                                              "crossdali.video.models.ARCHS"),
-                   arch_help="video model")
+    add_model_args(parser, arch="small3d", arches=VIDEO_MODELS, arch_help="video model")
     add_optimizer_args(parser, batch_size=16, epochs=8, lr=3e-3, lr_batch=None, lr_warmup_epochs=1.0, opt="adamw",
                        batch_help="clips per process per step")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, checkpoint_every=True, run_dir=True, debug=True,
