@@ -130,33 +130,69 @@ def test_video_benchmark_smoke(tmp_path, data_root):
     assert (tmp_path / "video_decode.png").stat().st_size > 10_000
 
 
-def test_training_speed_runs_the_pytorch_script_with_its_pipelines(tmp_path, data_root):
-    """``benchmarks/training_speed.py --framework pytorch``: a ``dali-cpu:2`` row runs the real script
-    with ``--pipelines 2`` (its start record says so), beside synthetic, interleaved over 2 rounds;
-    a malformed ``:N`` is one line and exit 2."""
+def test_training_speed_runs_the_default_command_beside_the_tuned_one(tmp_path, data_root):
+    """``benchmarks/training_speed.py --framework pytorch`` with its default ``--modes default,tuned``: the default
+    command's rows run ``crossdali train classification`` with only the data, the backend and the run length (no
+    speed flags), the tuned rows the script with its flags; a ``dali-cpu:2`` row runs the script with
+    ``--pipelines 2`` (its start record says so); each row's share is of the synthetic row of its own mode, and
+    every row records its peak memory. A malformed ``:N`` or mode is one line and exit 2."""
     env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
     cmd = [sys.executable, "-m", "benchmarks.training_speed", "--smoke", "--framework", "pytorch", "--out",
            str(tmp_path)]
-    # measured about 70 s on an idle 2-core CPU machine
-    proc = subprocess.run([*cmd, "--backends", "synthetic,dali-cpu:2", "--rounds", "2"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    # about 70 s per two rows on an idle 2-core CPU machine
+    proc = subprocess.run([*cmd, "--backends", "synthetic,dali-cpu:2"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "training_speed_pytorch.json").read_text())
-    assert [(r["label"], r["round"]) for r in report["rows"]] == [("synthetic", 1), ("dali-cpu:2", 1),
-                                                                  ("synthetic", 2), ("dali-cpu:2", 2)]
-    for row in report["rows"]:
-        assert "error" not in row and row["images"] == 264 and row["img_s"] > 0, row
+    rows = {r["label"]: r for r in report["rows"]}
+    assert list(rows) == ["synthetic (default command)", "dali-cpu:2 (default command)", "synthetic (tuned)",
+                          "dali-cpu:2 (tuned)"], list(rows)
+    for row in rows.values():
+        log = tmp_path / f"training_speed_pytorch_{row['run']}.log"  # a failed row's log, kept beside the JSON
+        assert "error" not in row, (row["label"], row["error"], log.read_text()[-3000:] if log.exists() else "")
+        assert row["images"] == 264 and row["img_s"] > 0, row
         assert row["pipelines"] == (2 if row["backend"] == "dali-cpu" else 1), row
-        assert row["model_stream"] == "default", row  # the script's start record, copied into the row
-        assert row["cuda_graphs"] is False, row  # --cuda-graphs auto: eager on the CPU
-    assert "--pipelines 2" in report["rows"][1]["command"] and "--pipelines" not in report["rows"][0]["command"]
-    assert report["share_of_synthetic_rounds"]["dali-cpu:2"]["rounds"] == 2
-    assert report["share_of_synthetic_steady_rounds"]["dali-cpu:2"]["rounds"] == 2  # and in steady state
+        assert row["cuda_graphs"] is False, row  # the script's start record, copied into the row: eager on the CPU
+        assert row["peak_host_rss_mib"] > 100, row  # a Python process with torch and DALI loaded
+        if shutil.which("nvidia-smi") is None:
+            assert row["peak_gpu_memory_mib"] is None, row
+        words = row["command"].split()
+        assert ("--pipelines" in words) == (row["backend"] == "dali-cpu"), words
+        if row["mode"] == "default command":
+            assert words[:6] == ["-m", "crossdali", "train", "classification", "--framework", "pytorch"], words
+            # --smoke adds the small model, crop and batch; nothing else beyond data, backend and run length
+            assert set(words[6::2]) <= {"--data", "--data-backend", "--epochs", "--output-dir", "--arch", "--crop-size",
+                                        "-b", "--pipelines"}, words
+        else:
+            assert words[1] == "crossdali.pytorch.train_classification" and "-j" in words, words
+        assert Path(words[words.index("--data") + 1]) == data_root / "tiny" / "classification" / "imagefolder"
+    shares = report["share_of_synthetic"]
+    assert shares["synthetic (default command)"] == shares["synthetic (tuned)"] == 1.0
+    for mode in ("default command", "tuned"):
+        assert shares[f"dali-cpu:2 ({mode})"] == pytest.approx(
+            rows[f"dali-cpu:2 ({mode})"]["img_s"] / rows[f"synthetic ({mode})"]["img_s"])
+    assert set(report["modes"]) == {"default command", "tuned"}
     assert (tmp_path / "training_speed_pytorch.png").exists()
-    for bad, words in [("synthetic:2", "dali-gpu / dali-cpu rows only"), ("dali-cpu:0", "positive integer")]:
-        proc = subprocess.run([*cmd, "--backends", bad], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    for bad, words in [("--backends=synthetic:2", "dali-gpu / dali-cpu rows only"),
+                       ("--backends=dali-cpu:0", "positive integer"), ("--modes=fast", "choose among default, tuned")]:
+        proc = subprocess.run([*cmd, bad], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
-        assert words in proc.stderr and bad in proc.stderr, proc.stderr
+        assert words in proc.stderr and bad.split("=")[1] in proc.stderr, proc.stderr
+
+
+def test_training_speed_shares_of_interleaved_rounds():
+    """``--rounds N``: each row over the synthetic row of its own round and mode, then mean, min and max."""
+    from benchmarks.training_speed import _round_shares
+
+    def row(backend, round_, img_s, mode="tuned"):
+        return {"backend": backend, "label": f"{backend} ({mode})", "round": round_, "mode": mode, "img_s": img_s}
+
+    rows = [row("synthetic", 1, 100.0), row("dali-gpu", 1, 90.0), row("synthetic", 1, 50.0, "default command"),
+            row("dali-gpu", 1, 45.0, "default command"), row("synthetic", 2, 200.0), row("dali-gpu", 2, 190.0),
+            row("dali-gpu", 3, 10.0)]  # no synthetic row in round 3: left out, not divided by another round's
+    shares = _round_shares(rows)
+    assert shares["dali-gpu (tuned)"] == {"mean": pytest.approx(0.925), "min": 0.9, "max": 0.95, "rounds": 2}
+    assert shares["dali-gpu (default command)"] == {"mean": 0.9, "min": 0.9, "max": 0.9, "rounds": 1}
 
 
 def test_check_speed_fast_only_times_the_crossdali_on_its_path(tmp_path, data_root):

@@ -46,7 +46,8 @@ def test_training_speed_smoke(tmp_path, data_root):
     env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}  # conftest put ROOT on PYTHONPATH
     # measured 15 s on an idle 2-core CPU machine
     proc = subprocess.run([sys.executable, "-m", "benchmarks.training_speed", "--smoke", "--framework", "tensorflow",
-                           "--out", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+                           "--modes", "tuned", "--out", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "training_speed_tensorflow.json").read_text())
     rows = {r["backend"]: r for r in report["rows"]}
@@ -76,7 +77,7 @@ def test_training_speed_variants(tmp_path, data_root):
     record says what it ran with), each row's share over its own variant's synthetic row."""
     env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.training_speed", "--smoke", "--framework", "tensorflow",
-                           "--backends", "synthetic,dali-cpu", "--variant", "graph=--jit-compile off",
+                           "--backends", "synthetic,dali-cpu", "--modes", "tuned", "--variant", "graph=--jit-compile off",
                            "--variant", "xla=--jit-compile on", "--out", str(tmp_path)],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
