@@ -1,7 +1,13 @@
-"""Benchmark scripts behind the README's numbers (``python -m benchmarks.<name>``, or ``crossdali bench <name>``)."""
+"""Benchmark scripts behind docs/benchmarks.md (``python -m benchmarks.<name>``, or ``crossdali bench <name>``).
+
+Each writes ``<name>.json`` (+ a PNG) into ``results/latest`` unless ``--out`` says otherwise; every JSON names the
+GPU it ran on. ``benchmarks/run_on_gpu.sh`` runs them all on a GPU machine; ``benchmarks/probes/`` holds
+one-question probes of DALI's behaviour that the code and docs cite."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 
 
@@ -15,3 +21,13 @@ def usage_error(message: str) -> SystemExit:
 def round_spread(values: list[float]) -> dict:
     """A ratio measured once per interleaved round: its mean, min, max and the number of rounds."""
     return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "rounds": len(values)}
+
+
+def gpu_name() -> str | None:
+    """GPU 0's model as ``nvidia-smi`` names it (no framework imported), ``None`` where there is none: every
+    benchmark's JSON records the GPU it ran on."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    names = proc.stdout.strip().splitlines() if proc.returncode == 0 else []
+    return names[0] if names else None

@@ -1,8 +1,8 @@
-"""Files/s of `crossdali check`'s fast and full passes, next to the decode rate of the loader itself.
+"""Files/s of `crossdali check`'s fast and full passes, next to the decode rate of the loader itself
+(docs/benchmarks.md#check-speed).
 
-    python -m benchmarks.check_speed --size small --out results/check_speed        # CPU here
-    python -m benchmarks.check_speed --size bench --device gpu --out results/check_speed_h100
-    python -m benchmarks.check_speed --size bench --device gpu --copies 8 --out /tmp/c8   # 65,560 files
+    python -m benchmarks.check_speed                                   # CPU, small sample set
+    python -m benchmarks.check_speed --size bench --device gpu --copies 8   # GPU, 65,560 files (results/latest)
     python -m benchmarks.check_speed --smoke --out /tmp/check_speed                 # tiny, CPU
     cd /tmp && PYTHONPATH=OLD:REPO python -m benchmarks.check_speed --fast-only ...   # OLD's crossdali, this script
 
@@ -15,12 +15,13 @@ The target on a GPU: the full pass at >= 80 % of the loader's own decode rate (a
 its steady rate (after a warm-up batch) and one epoch from construction, pipeline build included,
 which is what the check's timing includes too (it builds its own decoder). Both pipeline builds
 are also timed alone, so the JSON gives each side's rate after its build too: on the 8,195-file
-bench set the GPU build (about 1.75 s on the H100) is longer than the decoding, and ``--copies N``
+bench set the GPU build (seconds) takes longer than the decoding, and ``--copies N``
 checks N symbolic-link copies of the set (N times the files, a data set closer to a real one's
 size, page-cached). "full pass decoder alone" is the full pass's decoder over the same files with no
 header reading before or beside it (what the header work costs): DALI's file reader on a GPU
 (``decode_file_list``), names fed to ``fn.io.file.read`` on the CPU (``decode_files``). The cache
-is off for every timed pass. Writes ``check_speed.json`` and ``check_speed.png`` under ``--out``.
+is off for every timed pass. Writes ``check_speed.json`` and ``check_speed.png`` under ``--out``
+(default ``results/latest``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import gpu_name
 from benchmarks.plot import bar_png
 
 
@@ -61,7 +63,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                              "(default: DALI's)")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed runs, one more full pass under cProfile (the main thread, where the "
-                             "pass is bound on the H100): its top functions in check_full_profile.txt under --out")
+                             "pass is bound on a GPU): its top functions in check_full_profile.txt under --out")
     parser.add_argument("--timeline", action="store_true",
                         help="one more untimed full pass and decoder-alone pass each, recording when the decoder's "
                              "build starts and ends and when each chunk is done (seconds from the call): "
@@ -69,7 +71,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--fast-only", action="store_true",
                         help="time the fast pass only (header walks, CPU work): fast_pass.json under --out")
     parser.add_argument("--smoke", action="store_true", help="tiny set, one repeat (CI)")
-    parser.add_argument("--out", type=Path, default=Path("results/check_speed"))
+    parser.add_argument("--out", type=Path, default=Path("results/latest"))
     return parser
 
 
@@ -172,8 +174,9 @@ def main(args: argparse.Namespace) -> dict:
         files = symlink_copies(files, args.copies, Path(links.name))
     megabytes = sum(os.path.getsize(f) for f in files) / 2**20
     run = {"command": "python -m benchmarks.check_speed " + " ".join(sys.argv[1:]), "data": str(args.data),
-           "files": len(files), "megabytes": round(megabytes, 1), "device": args.device, "workers": args.workers,
-           "batch_size": args.batch_size, "machine": platform.node(), "cpu_count": os.cpu_count(), "copies": args.copies}
+           "files": len(files), "megabytes": round(megabytes, 1), "device": args.device, "gpu": gpu_name(),
+           "workers": args.workers, "batch_size": args.batch_size, "machine": platform.node(), "cpu_count": os.cpu_count(),
+           "copies": args.copies}
     rows = {}
     for depth in ("fast",) if args.fast_only else ("fast", "full"):
         settings = CheckSettings(depth=depth, device=args.device, threads=args.workers, batch_size=args.batch_size,
@@ -313,7 +316,8 @@ def _plot(result: dict, path: Path) -> None:
     names, values = list(result["files_per_s"]), list(result["files_per_s"].values())
     bar_png(path, names, values, width=7, headroom=1.3, labels=[f"{v:,.0f}" for v in values],
             colors=["tab:green", "tab:orange", "tab:olive", "tab:blue", "tab:cyan"], xlabel="files/s (higher is better)",
-            title=f"crossdali check, {result['files']} JPEGs, {result['device']}, {result['workers']} threads")
+            title=f"crossdali check, {result['files']} JPEGs, {result.get('gpu') or result['device']}, "
+                  f"{result['workers']} threads")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
-"""Images/s and data-wait of every PyTorch data backend on the same JPEGs (RN50 train transform).
+"""Images/s and data-wait of every PyTorch data backend on the same JPEGs (RN50 train transform;
+docs/benchmarks.md#classification-loaders).
 
-    python -m benchmarks.classification_loaders --out results/     # on a GPU machine
-    python -m benchmarks.plot results/classification_loaders.json  # bar chart next to it
+    python -m benchmarks.classification_loaders                           # on a GPU machine: results/latest
+    python -m benchmarks.plot results/latest/classification_loaders.json  # bar chart next to it
 
 Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from real photos):
 
-- loader: the bare input pipeline, batches consumed as float NCHW tensors on the GPU (what the
-  DESIGN.md baseline measured). One epoch warms up (workers, caches, allocator); then whole
-  epochs are timed until at least 2 epochs and ``--min-seconds`` (5 s) have passed.
+- loader: the bare input pipeline, batches consumed as float NCHW tensors on the GPU. One epoch
+  warms up (workers, caches, allocator); then whole epochs are timed until at least 2 epochs and
+  ``--min-seconds`` (5 s) have passed.
 - train: a training step (--arch, default ResNet-50; AMP on the GPU, channels-last) fed by the backend; images/s,
   the share of the step spent waiting for data and that wait per step (median, p90, max, every step's).
   ``synthetic`` is the upper bound. Each row runs twice (``--train-sync``): without and with a device
@@ -15,8 +16,8 @@ Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from r
   the per-step sync costs each backend; ``--train-loop`` picks how the step meets the host (plain SGD,
   whose GradScaler waits for the device every step; fused SGD, with which the host runs ahead; fused
   SGD with the next batch fetched before the loss is read; fused SGD with each loss read one, two or
-  three steps late, as crossdali's trainer reads it one step late); ``--train-profile-steps`` adds the GPU
-  time per step of the model's stream and of DALI's from torch.profiler.
+  three steps late; fused SGD with each loss copied at its step, as crossdali's trainer does);
+  ``--train-profile-steps`` adds the GPU time per step of the model's stream and of DALI's from torch.profiler.
 
 Configurations: torchvision ImageFolder + PIL, torchvision decode_image + v2 (crossdali's
 ``native``), torchvision's batched ``decode_jpeg`` on the GPU + the same v2 preset there, SPDL
@@ -62,7 +63,7 @@ from crossdali.pytorch.training import copy_to_host, create_optimizer
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON")
+    parser.add_argument("--out", type=Path, default=Path("results/latest"), help="folder for the JSON")
     parser.add_argument("--data-root", type=Path, default=None, help="where to build the bench sample set")
     parser.add_argument("--size", default="bench", help="sample set size (bench: 8,195 JPEGs)")
     parser.add_argument("-b", "--batch-size", type=int, default=256)
@@ -159,7 +160,7 @@ def _bytes_batch(samples):
 class _TorchvisionGPUDecodeLoader:
     """torchvision's batched ``decode_jpeg`` on ``device`` (nvJPEG on a GPU) over file bytes read by
     DataLoader workers, then the same v2 preset per image where the pixels are: the GPU path a
-    torchvision user writes without DALI (issue 14 asks for it as a peer)."""
+    torchvision user writes without DALI."""
 
     def __init__(self, source, *, batch_size: int, workers: int, crop: int, device: torch.device) -> None:
         from crossdali.common.classification import ClassificationTransform
@@ -356,8 +357,7 @@ def _engine_text(load: dict | None) -> str:
 #: ``--train-loop`` choices: how the training step meets the host (what each costs a data row is the question)
 TRAIN_LOOPS = {
     # plain SGD: GradScaler.step reads the found-inf flag on the host every step, so the host waits for
-    # the GPU and the next batch is fetched while the GPU idles (torchvision's reference loop; crossdali's
-    # trainer before 2026-11-26)
+    # the GPU and the next batch is fetched while the GPU idles (torchvision's reference loop)
     "scaler": "",
     # SGD(fused=True): GradScaler hands the flag to the fused kernel and nothing reads the device, so the
     # host runs ahead of the GPU and fetches batches while it computes
@@ -365,8 +365,8 @@ TRAIN_LOOPS = {
     # fused SGD, the loss read on the host every step (as a trainer logging it does), the next batch
     # fetched before that read: the fetch overlaps the step on the GPU
     "lookahead": " [fused SGD, next batch fetched before the loss is read]",
-    # fused SGD, each step's loss tensor read (``.item()``) after the next step is launched (crossdali's trainer
-    # from 2026-11-26 until 'copied' replaced it) ... or two or three steps later. The read copies the loss
+    # fused SGD, each step's loss tensor read (``.item()``) after the next step is launched ... or two or
+    # three steps later. The read copies the loss
     # behind every kernel queued since, so each one waits until the GPU has nothing left: all three drain the
     # GPU's queue once a step, whatever the lag
     "lagged": " [fused SGD, loss read one step late]",
@@ -374,7 +374,7 @@ TRAIN_LOOPS = {
     "lagged3": " [fused SGD, loss read three steps late]",
     # fused SGD, each step's loss copied to pinned host memory right after its step is launched (non-blocking,
     # with a CUDA event), read one or two steps later after that event: the host waits for that step only,
-    # while the GPU runs the next one (crossdali's trainer since then)
+    # while the GPU runs the next one (what crossdali's trainer does)
     "copied": " [fused SGD, loss copied at its step, read one step late]",
     "copied2": " [fused SGD, loss copied at its step, read two steps late]",
 }
@@ -467,8 +467,8 @@ def _kernel_time(run, steps: int) -> dict:
     """GPU time per step of ``run()``'s ``steps`` steps by CUDA stream, from torch.profiler's CUDA
     activity (CUPTI sees every kernel and copy of the process, DALI's included): the stream with the
     most time is the model's (labelled so, an inference from the numbers); the others' top kernels name
-    what DALI spent the SMs on. Issue 14: DALI's GPU work, done beside the model, is added to the step
-    when the model keeps the SMs busy."""
+    what DALI spent the SMs on: DALI's GPU work, done beside the model, is added to the step when the
+    model keeps the SMs busy."""
     import json
     import tempfile
 
@@ -619,8 +619,7 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         try:  # one failing configuration is recorded with its error; the others still run
             if kind in SPDL_ROWS.values():
                 # One torch intra-op thread per SPDL worker thread, as every DataLoader worker process
-                # has: 15 threads each opening a full OpenMP team oversubscribe the cores (the 2026-11-26
-                # SPDL rows ran without this)
+                # has: 15 threads each opening a full OpenMP team oversubscribe the cores
                 torch.set_num_threads(1)
                 row["torch_intra_op_threads"] = 1
             if kind == "pil":
@@ -663,9 +662,9 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
             raise usage_error(f"--train-rounds {args.train_rounds}: give 1 or more")
         train_configs = [(n, c) for n, c in train_configs if c["backend"] in wanted]
         if device.type == "cuda" and any(c["backend"] == "dali-gpu" for _, c in train_configs):
-            # The first DALI GPU pipeline that runs next to the model trains slowly for a while (measured
-            # 734 and 1,475 img/s against 4,062-4,416 for the later ones, whatever the thread count):
-            # a one-off start-up cost, so an untimed row absorbs it; the JSON keeps its number.
+            # The first DALI GPU pipeline that runs next to the model trains slowly for a while (a fraction
+            # of the later rows' rate, whatever the thread count): a one-off start-up cost, so an untimed
+            # row absorbs it; the JSON keeps its number.
             train_configs.insert(1, ("warm-up (first DALI GPU pipeline, not a result)",
                                      dict(backend="dali-gpu", workers=workers, hw_decoder_load=1.0)))
         modes = [m.strip() for m in args.train_sync.split(",") if m.strip()]

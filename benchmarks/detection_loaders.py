@@ -1,6 +1,7 @@
-"""SSD300 training input pipeline, images/s: DALI GPU vs DALI CPU vs the torchvision v2 DataLoader.
+"""SSD300 training input pipeline, images/s: DALI GPU vs DALI CPU vs the torchvision v2 DataLoader
+(docs/benchmarks.md#detection-loaders).
 
-    python -m benchmarks.detection_loaders --out results/          # on the GPU machine (about 3 min)
+    python -m benchmarks.detection_loaders                         # on a GPU machine (minutes): results/latest
     python -m benchmarks.detection_loaders --out /tmp/b --smoke    # check the script on a CPU machine
 
 The same COCO-format JPEGs for every loader (the ``bench`` detection sample set: 4,096 train
@@ -38,7 +39,7 @@ NATIVE = "torchvision v2 DataLoader (native)"
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON and PNG")
+    parser.add_argument("--out", type=Path, default=Path("results/latest"), help="folder for the JSON and PNG")
     parser.add_argument("--data-root", type=Path, default=None,
                         help="where to build the sample set (default: $CROSSDALI_DATA or ~/.cache/crossdali; never --out)")
     parser.add_argument("--size", default="bench", help="detection sample set size (bench: 4,096 train JPEGs)")
@@ -184,7 +185,7 @@ def _finish(report: dict, path: Path) -> None:
     if NATIVE in by_name:
         report["speedup_vs_native"] = {k: v / by_name[NATIVE] for k, v in by_name.items()}
     gpu = max((v for k, v in by_name.items() if k.startswith("DALI GPU")), default=None)
-    if gpu is not None:  # issue 5's targets: >= 10,000 img/s and >= 40x the DataLoader in the same run
+    if gpu is not None:  # the project's targets: >= 10,000 img/s and >= 40x the DataLoader in the same run
         report["targets"] = {"dali_gpu_img_s": gpu, "at_least_10000_img_s": gpu >= 10_000}
         if NATIVE in by_name:
             report["targets"] |= {"dali_gpu_over_native": gpu / by_name[NATIVE],

@@ -7,10 +7,10 @@ end gets the mean load of its window::
     with EngineLoad(log=out / "dmon.log") as load:
         t0 = time.perf_counter(); run_row(); row["engine_load"] = load.mean(t0, time.perf_counter())
 
-Issue 14 asks for it: a decoder benchmark says little unless it shows whether the engines were busy.
+A decoder benchmark says little unless it shows whether the engines were busy.
 Where ``nvidia-smi`` is missing (CPU machines, CI) every ``mean`` is ``None`` and nothing runs.
-Parsing dmon's text by hand: NVML's Python binding (``pynvml``) is not on the GPU machine, and dmon
-is what the committed logs of earlier runs hold.
+Parsing dmon's text by hand: NVML's Python binding (``pynvml``) is not always installed beside the
+frameworks, and dmon's text is what a user can compare with by running it themselves.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Inference latency (batch 1) and throughput (batch 64) of one model fed by crossdali's DALI
 inference pipeline (``crossdali.pytorch.predict.Predictor``) and by PIL + torchvision transforms.
 
-    python -m benchmarks.inference --out results/               # on a GPU machine: ResNet-50, 224 px
+    python -m benchmarks.inference                              # on a GPU machine: ResNet-50, 224 px (results/latest)
     python -m benchmarks.inference --smoke --out /tmp/inf       # tiny CPU run (CI): ResNet-18, 64 px
 
 Images: the ``bench`` sample set's val JPEGs, read into memory once (the benchmark measures
@@ -42,7 +42,7 @@ from crossdali.common.data.sources import resolve_source
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON and the PNG")
+    parser.add_argument("--out", type=Path, default=Path("results/latest"), help="folder for the JSON and the PNG")
     parser.add_argument("--data-root", type=Path, default=None, help="where to build the sample set")
     parser.add_argument("--size", default="bench", help="sample set size (its val split is read)")
     parser.add_argument("--arch", default="resnet50")

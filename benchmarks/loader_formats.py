@@ -1,7 +1,7 @@
 """Images/s of the PyTorch loaders over the other input formats, WebDataset shards and multi-label
 lists, each beside its peer in the same run, all with the RN50 train transform.
 
-    python -m benchmarks.loader_formats --out results/          # on a GPU machine (DALI GPU and CPU rows)
+    python -m benchmarks.loader_formats                         # on a GPU machine (DALI GPU and CPU rows): results/latest
     python -m benchmarks.loader_formats --cpu --size small -b 64 --workers 2 --py-workers 2 --out /tmp/lf
     python -m benchmarks.loader_formats --smoke --out /tmp/lf   # tiny CPU run (CI)
 
@@ -44,7 +44,7 @@ from crossdali.common.data.sources import resolve_source
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON and the PNG")
+    parser.add_argument("--out", type=Path, default=Path("results/latest"), help="folder for the JSON and the PNG")
     parser.add_argument("--data-root", type=Path, default=None, help="where to build the sample sets")
     parser.add_argument("--size", default="bench",
                         help="sample set size (bench: 8,195 JPEGs and 8,000 multi-label 448-px composites)")
@@ -88,8 +88,8 @@ class _MultiLabelDataset(torch.utils.data.Dataset):
 
 
 def _multilabel_torch_loader(source, *, batch_size: int, workers: int, crop: int):
-    # spawned workers: on the H100 (2026-11-26) 15 forked workers, started after the DALI rows (CUDA
-    # up, DALI's threads and Python worker pools alive), delivered nothing in 430 s; the row hung
+    # spawned workers: forked workers started after the DALI rows (CUDA up, DALI's threads and Python
+    # worker pools alive) have delivered nothing, and the row hung
     context = "spawn" if workers > 0 else None
     return torch.utils.data.DataLoader(_MultiLabelDataset(source, crop), batch_size=batch_size, shuffle=True,
                                        num_workers=workers, pin_memory=torch.cuda.is_available(),

@@ -1,7 +1,7 @@
 """Data-parallel scaling of the PyTorch classification script: images/s per GPU on 1 and N GPUs,
 under torchrun (DDP) and, where Horovod is installed, horovodrun.
 
-    python -m benchmarks.multi_gpu --out results/multi_gpu            # every visible GPU count in --gpus
+    python -m benchmarks.multi_gpu                                    # every GPU count in --gpus: results/latest
     python -m benchmarks.multi_gpu --out DIR --gpus 1,2 --launchers torchrun,horovodrun
     python -m benchmarks.multi_gpu --out /tmp/smoke --smoke          # CPU check of the script (CI runs it)
 
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results/multi_gpu"), help="folder for JSON and PNG")
+    parser.add_argument("--out", type=Path, default=Path("results/latest"), help="folder for JSON and PNG")
     parser.add_argument("--gpus", default="1,2", help="GPU counts to run (each <= visible GPUs)")
     parser.add_argument("--launchers", default="torchrun,horovodrun", help="torchrun and/or horovodrun")
     parser.add_argument("--arch", default="resnet50")

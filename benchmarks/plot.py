@@ -1,7 +1,7 @@
 """The benchmarks' bar charts: one way to draw a row per configuration, and the PNG of
-``results/classification_loaders.json``:
+``results/latest/classification_loaders.json``:
 
-    python -m benchmarks.plot results/classification_loaders.json
+    python -m benchmarks.plot results/latest/classification_loaders.json
 
 matplotlib is optional (the GPU machine need not have it): without it no PNG is written and the
 JSON holds everything.

@@ -20,7 +20,7 @@
 #   tf_vs_torch                (needs TensorFlow staged)
 #   all                        every phase above in this order: refreshes OUT (about an hour on one GPU)
 #
-# Logs go to LOGS (default OUT/logs when OUT is set, else /tmp/run_on_gpu-logs); OUT/steps.txt lists each
+# Logs go to LOGS (default OUT/logs when OUT is set, else /tmp/run_on_gpu-logs); LOGS/steps.txt lists each
 # step's exit code and seconds. Each step has its own time limit: a step that hangs costs its limit, and a
 # failing step is recorded while the phase goes on.
 #
@@ -60,18 +60,24 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to LOGS/NAM
   local t0=$SECONDS
   timeout --signal=INT --kill-after=15 "$limit" "$@" > "$logs/$name.log" 2>&1
   local rc=$?
-  echo "$name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$out/steps.txt"
+  echo "$name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$logs/steps.txt"
   tail -n 20 "$logs/$name.log"
 }
-bench() { local name=$1 module=$2 limit=$3; shift 3; step "$name" "$limit" "$py" -m "benchmarks.$module" --out "$out" "$@"; }
-has() { "$py" -c "import $1" 2> /dev/null || { echo "$2: skipped, $1 is not importable" | tee -a "$out/steps.txt"; false; }; }
+bench() {  # bench STEP MODULE SECONDS FLAGS...: a benchmark into OUT; its side logs (engine loads, runs) to LOGS
+  local name=$1 module=$2 limit=$3; shift 3
+  step "$name" "$limit" "$py" -m "benchmarks.$module" --out "$out" "$@"
+  mv -f "$out"/dmon_*.log "$out"/*_dmon.log "$out"/training_speed_*.log "$logs"/ 2> /dev/null
+  [ "$out/logs" -ef "$logs" ] || mv -f "$out/logs" "$logs/${name}_logs" 2> /dev/null
+}
+has() { "$py" -c "import $1" 2> /dev/null || { echo "$2: skipped, $1 is not importable" | tee -a "$logs/steps.txt"; false; }; }
 sample_sets() {  # JPEG folders and WebDataset shards only: the staged tfrecord wheel does not import here
   step sample_sets 300 "$py" -m crossdali make-data --kind classification --size bench --formats imagefolder,webdataset
 }
 
 run_phase() {
   case $1 in
-    tests) step gpu_tests 580 "$py" -m pytest tests -m gpu -rA -p no:cacheprovider -q --durations=15 ;;
+    tests) step gpu_tests 580 "$py" -m pytest tests -m gpu -rA -p no:cacheprovider -q --durations=15
+      cp "$logs/gpu_tests.log" "$out/" ;;
     parity) step parity_gpu 300 "$py" -m crossdali.parity gpu --out "$logs/parity_gpu" \
       && cp "$logs/parity_gpu/summary.json" "$out/parity_gpu.json" ;;
     optical_flow) step optical_flow 120 "$py" -m crossdali.video.optical_flow --sample-size gpu-tiny \
@@ -88,7 +94,7 @@ run_phase() {
     external_source) sample_sets; bench external_source external_source 420 ;;
     loader_formats) sample_sets; bench loader_formats loader_formats 580 ;;
     check_speed) sample_sets; bench check_speed check_speed 420 --size bench --device gpu --copies 8 ;;
-    multi_gpu) if (( $(nvidia-smi -L | wc -l) < 2 )); then echo "multi_gpu: skipped, needs 2 GPUs" | tee -a "$out/steps.txt"
+    multi_gpu) if (( $(nvidia-smi -L | wc -l) < 2 )); then echo "multi_gpu: skipped, needs 2 GPUs" | tee -a "$logs/steps.txt"
       else sample_sets; bench multi_gpu multi_gpu 580 --gpus 1,2 --launchers torchrun; fi ;;
     tf_vs_torch) has tensorflow "$1" && { sample_sets; bench tf_vs_torch tf_vs_torch 420; } ;;
   esac
