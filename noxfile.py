@@ -1,8 +1,9 @@
 """One environment per framework (their numpy pins conflict), plus lint, demo and benchmarks.
 
     nox                 # the whole test suite: every framework, then the cross-framework parity check
+    nox -s quick        # lint + the PyTorch environment's tests not marked slow (minutes): before every commit
     nox -s demo         # train a ResNet on the embedded sample set through DALI
-    nox -s bench        # data-loader benchmark (run it on a GPU machine for the README numbers)
+    nox -s bench        # data-loader benchmark (on a GPU machine: results/latest, docs/benchmarks.md)
 
 Every session shares one sample-data folder (.cache/data) and one parity folder (.cache/parity),
 so the frameworks compare outputs of the very same JPEG bytes. A pytest run that collects no
@@ -19,6 +20,8 @@ import nox
 ROOT = Path(__file__).parent
 DATA = ROOT / ".cache" / "data"
 PARITY = ROOT / ".cache" / "parity"
+#: what the tests-pytorch session's first pytest run covers (and ``quick``, without the slow tests)
+PYTORCH_TESTS = ("tests/common", "tests/pytorch", "tests/video", "tests/detection", "tests/conformance")
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -66,7 +69,7 @@ def tests_pytorch(session: nox.Session) -> None:
     the reason, until a full run has built it)."""
     _install(session, "pytorch")
     _parity_mark(session, "pytorch")
-    _pytest(session, "tests/common", "tests/pytorch", "tests/video", "tests/detection", "tests/conformance")
+    _pytest(session, *PYTORCH_TESTS)
     _parity_dump(session, "pytorch")
     if session.posargs:
         return
@@ -128,6 +131,19 @@ def lint(session: nox.Session) -> None:
     session.run("hadolint", *sorted(str(p) for p in ROOT.glob("docker/*/Dockerfile")))
 
 
+@nox.session(venv_backend="none")
+def quick(session: nox.Session) -> None:
+    """The contributor's lane: ruff, then the tests of the PyTorch environment that are neither ``slow`` nor
+    ``gpu`` (a few minutes on 2 cores). It runs in the ``lint`` and ``tests-pytorch`` environments, created first
+    (``--install-only``) where missing, so it installs nothing twice; arguments after ``--`` go to pytest."""
+    lint_bin, torch_bin = ROOT / ".nox" / "lint" / "bin", ROOT / ".nox" / "tests-pytorch" / "bin"
+    if not (lint_bin / "ruff").exists() or not (torch_bin / "python").exists():
+        session.run("python3", "-m", "nox", "-s", "lint", "tests-pytorch", "--install-only", external=True)
+    session.run(str(lint_bin / "ruff"), "check", "crossdali", "tests", "noxfile.py", "benchmarks", external=True)
+    session.run(str(torch_bin / "python"), "-m", "pytest", *PYTORCH_TESTS, "tests/test_readme.py", "-m",
+                "not slow and not gpu", "-q", "--durations=10", *session.posargs, env=_env(), external=True)
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """Build the sample set if missing and train a ResNet on it through DALI (GPU if present)."""
@@ -140,6 +156,6 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Data-loader throughput of every PyTorch backend on the same files (JSON + PNG in results/)."""
+    """Data-loader throughput of every PyTorch backend on the same files (JSON + PNG in results/latest/)."""
     _install(session, "pytorch")
     session.run("python", "-m", "benchmarks.classification_loaders", *session.posargs, env=_env())
