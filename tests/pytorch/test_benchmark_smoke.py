@@ -1,5 +1,5 @@
-"""The GPU benchmarks' own CPU smoke runs (``--smoke``), so the scripts behind the README's tables
-cannot rot between GPU sessions: each runs its real DALI CPU pipelines and baselines on the tiny
+"""The GPU benchmarks' own CPU smoke runs (``--smoke``), so the scripts behind docs/benchmarks.md keep
+working on machines without a GPU: each runs its real DALI CPU pipelines and baselines on the tiny
 sample set and writes a JSON (and a plot) with a positive rate and no error for every row."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_classification_training_rounds_give_the_ratio_to_synthetic(tmp_path, da
 
 
 def test_classification_training_loops_record_their_loss(tmp_path, data_root):
-    """The training loops of issue 14 (plain SGD, fused SGD, loss copied at its step and read two steps late) run and record a
+    """The benchmark's training loops (plain SGD, fused SGD, loss copied at its step and read two steps late) run and record a
     finite final loss per row (a NaN row is marked invalid and left out of the ratios); a bad loop name
     is one line and exit 2."""
     report = _run("benchmarks.classification_loaders", tmp_path, data_root, "--skip-loader",
