@@ -1,8 +1,9 @@
 """``crossdali check``: find bad data before training, because DALI cannot skip a bad sample.
 
-Two depths: ``fast`` reads every sample's bytes without decoding them (formats, headers, sizes
-against a limit, JPEG/PNG structure, record indexes against their records, COCO annotations
-against the images, video containers); ``full`` also decodes every sample with DALI (on the GPU
+Two depths: ``fast`` reads every sample's bytes without decoding their pixels (formats, headers,
+sizes against a limit, JPEG/PNG structure, each JPEG's image data decoded by libjpeg-turbo at 1/8
+scale with its warnings as errors, record indexes against their records, COCO annotations against
+the images, video containers); ``full`` also decodes every sample with DALI (on the GPU
 when there is one) and counts the decoder's warnings as errors. Results are cached by path, size
 and mtime. The report lists every bad sample; its exclusion list is accepted by every loader
 (``exclude=``) and script (``--exclude FILE``). The names below are imported on first use: the

@@ -23,7 +23,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", type=Path, help="dataset folder (every split and format under it is checked)")
     parser.add_argument("--depth", choices=("fast", "full"), default="fast",
-                        help="fast: read without decoding; full: also decode every sample with DALI (default: fast)")
+                        help="fast: headers, structure, JPEG data at 1/8 scale; full: also decode every sample with DALI "
+                             "(default: fast)")
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                         help="where the full pass decodes (auto: the GPU when DALI sees one)")
     parser.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,

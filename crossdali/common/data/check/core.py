@@ -62,7 +62,7 @@ _FIXES = {
 
 @dataclass(frozen=True)
 class CheckSettings:
-    """How deep and how strict: ``depth`` fast (no decode) or full (DALI decodes every sample on
+    """How deep and how strict: ``depth`` fast (no full-size decode) or full (DALI decodes every sample on
     ``device``); ``max_pixels`` refuses larger headers before anything is decoded."""
 
     depth: str = "fast"

@@ -1,5 +1,5 @@
-"""What an encoded image's bytes say without decoding them: format, size, and whether its structure
-is whole (the fast pass of ``crossdali check``).
+"""What an encoded image's bytes say without decoding its pixels at full size: format, size, and
+whether its structure and (for a JPEG) its image data are whole (the fast pass of ``crossdali check``).
 
 Pillow reads the header (format, width, height, mode) for every format DALI decodes; the marker
 walk over a JPEG and the chunk walk over a PNG (with its CRCs) are written here because no
