@@ -15,7 +15,7 @@ shard) with ``crossdali.common.squirrel.write_squirrel_store``. Rows:
   tutorial's way), read in the main process (``serial``), in one dedicated DALI worker process, or
   (GPU) with ``--fetch-threads`` Squirrel threads fetching shards ahead.
 - Squirrel shards -> DALI external_source: ``SquirrelSource`` as a sharded source (each batch a
-  function of its index, ``crossdali.common.external.ShardBatches``), read in the main process or
+  function of its index, ``crossdali.common.loading.external_readers.ShardBatches``), read in the main process or
   by ``--py-workers`` DALI worker processes, each unpacking different store shards.
 - Decode and augment by DALI on the CPU or the GPU with ``--workers`` threads.
 - DALI fn.readers.file on the same JPEGs as files: what the external source costs against DALI's

@@ -44,7 +44,7 @@ from crossdali.common.data.sample_data import ensure_classification  # noqa: E40
 from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.options import pipeline_options  # noqa: E402
 from crossdali.tensorflow import create_classification_loader as tf_loader  # noqa: E402
-from crossdali.tensorflow.loaders import dali_dataset  # noqa: E402
+from crossdali.tensorflow.dali_loader import dali_dataset  # noqa: E402
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@
 A ``MessagepackDriver`` store holds shards (gzip'd msgpack files) of ``{"key", "image": JPEG
 bytes, "label": int}`` samples. ``write_squirrel_store`` writes one from a crossdali
 ``DataSource`` (the sample set). ``SquirrelSource`` gives it to the external-source loader as a
-*sharded* source (``shard_sizes`` + ``read_shard``: ``crossdali.common.external.ShardBatches``),
+*sharded* source (``shard_sizes`` + ``read_shard``: ``crossdali.common.loading.external_readers.ShardBatches``),
 so DALI's Python workers each read and unpack different store shards; rank ``r`` reads shards
 ``r, r + world, ...``, so every sample is read by exactly one rank and no rank reads another's
 bytes. Iterating it (or ``shard(rank, world)``) streams it as ``(bytes, label)`` pairs, the way

@@ -11,12 +11,13 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from crossdali.common.distributed import DistInfo, detect_distributed
 
-__all__ = ["Runtime", "init_distributed"]
+__all__ = ["Runtime", "init_distributed", "gather_objects"]
 
 log = logging.getLogger(__name__)
 
@@ -203,3 +204,19 @@ def init_distributed(*, engine: str = "auto") -> Runtime:
     else:
         device = torch.device("cpu")
     return Runtime(dist=dist, device=device, engine=engine)
+
+
+def gather_objects(runtime: Runtime, obj: Any) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if runtime.engine == "ddp":
+        parts = [None] * runtime.dist.world_size
+        torch.distributed.all_gather_object(parts, obj)
+        return parts
+    if runtime.engine == "horovod":
+        import horovod.torch as hvd
+
+        # evaluate() runs in inference mode; Horovod's background thread writes into the tensors
+        # it creates, which inference mode forbids ("Inplace update to inference tensor")
+        with torch.inference_mode(False):
+            return list(hvd.allgather_object(obj))
+    return [obj]

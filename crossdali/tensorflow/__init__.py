@@ -14,11 +14,11 @@ except ImportError:  # pragma: no cover - depends on the environment
                       "`pip install -r requirements/tensorflow.txt -e . && pip install --no-build-isolation "
                       "-r requirements/tensorflow-plugin.txt`") from None
 
+from crossdali.tensorflow.dali_loader import DALILoader
 from crossdali.tensorflow.detection import DETECTION_BACKENDS, create_detection_dataset, create_detection_loader
 from crossdali.tensorflow.devices import enable_memory_growth
 from crossdali.tensorflow.loaders import (
     BACKENDS,
-    DALILoader,
     NativeLoader,
     SyntheticLoader,
     create_classification_dataset,

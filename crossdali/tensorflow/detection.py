@@ -5,7 +5,7 @@ Same batches as ``crossdali.pytorch.create_detection_loader``: train ``(images (
 offsets (N, A, 4), labels (N, A) int64)`` with A the SSD300 default boxes
 (``crossdali.common.anchors``: 8,732); val ``(images, boxes (N, M, 4), labels (N, M),
 image_ids (N,))`` with M the longest box list of the batch. Epochs follow
-``crossdali.common.loading.epochs`` through ``crossdali.tensorflow.loaders.DALILoader``: val sees every
+``crossdali.common.loading.epochs`` through ``crossdali.tensorflow.dali_loader.DALILoader``: val sees every
 image exactly once across shards; ``dali-gpu`` batches stay on the GPU.
 """
 
@@ -16,20 +16,19 @@ from pathlib import Path
 import tensorflow as tf
 
 from crossdali.common.anchors import ssd300_default_boxes
+from crossdali.common.data.coco import DetectionSource, resolve_detection_source
 from crossdali.common.detection import (
     READER_NAME,
     TRAIN_OUTPUTS,
     VAL_OUTPUTS,
-    DetectionSource,
     DetectionTransform,
     create_detection_pipeline,
     explain_detection_failure,
-    resolve_detection_source,
 )
 from crossdali.common.distributed import DistInfo
 from crossdali.common.loading.epochs import LastBatchPolicy
 from crossdali.common.loading.loaders import prepare_split
-from crossdali.tensorflow.loaders import NO_DALI_CHECKPOINTS, DALILoader
+from crossdali.tensorflow.dali_loader import NO_DALI_CHECKPOINTS, DALILoader
 
 __all__ = ["DETECTION_BACKENDS", "create_detection_loader", "create_detection_dataset"]
 

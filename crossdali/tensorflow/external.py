@@ -10,7 +10,7 @@ one uint8 array (label bytes, then the encoded image), endlessly, epoch after ep
 and shards of the other frameworks' loaders, each epoch padded to whole batches; DALI splits it
 again (``create_packed_external_source_pipeline``) and runs the same transform. The epoch
 bookkeeping (padding rows cut, ``len``, ``dataset`` for ``model.fit``, epoch-level ``state_dict``)
-is ``crossdali.tensorflow.loaders.DALILoader``'s, as for the file readers. Streams (no length, no
+is ``crossdali.tensorflow.dali_loader.DALILoader``'s, as for the file readers. Streams (no length, no
 epoch layout) are refused. The source runs in TensorFlow's ``from_generator`` thread: one Python
 thread reads the samples.
 """
@@ -35,8 +35,9 @@ from crossdali.common.external import (
 )
 from crossdali.common.loading.external_loader import explain_external
 from crossdali.common.options import PipelineOptions
+from crossdali.tensorflow.dali_loader import NO_DALI_CHECKPOINTS, DALILoader, EpochPlan, pipeline_run_kwargs
 from crossdali.tensorflow.devices import tf_device
-from crossdali.tensorflow.loaders import NO_DALI_CHECKPOINTS, DALILoader, EpochPlan, _image_shape, pipeline_run_kwargs
+from crossdali.tensorflow.loaders import _image_shape
 
 __all__ = ["EXTERNAL_BACKENDS", "ExternalSourceLoader", "create_external_source_loader", "create_multilabel_loader"]
 

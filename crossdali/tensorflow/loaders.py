@@ -1,5 +1,5 @@
 """``create_classification_loader``: (images, labels) TensorFlow batches from any backend, and the
-loader classes the detection and video factories share.
+native and synthetic loader classes.
 
 Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
 
@@ -15,28 +15,17 @@ Backends, chosen by name (DeepLearningExamples' ``--data-backend``):
 Every backend yields ``images`` (N, H, W, C) float (``layout="CHW"`` for N, C, H, W) and ``labels``
 (N,) int64, follows ``crossdali.common.loading.epochs`` and implements ``crossdali.common.loading.loaders.Loader``.
 
-Epochs over DALIDataset. ``DALIDataset`` is an endless stream that knows nothing of epochs (no
-``reader_name``, no ``LastBatchPolicy``), and every ``iter()`` over it builds a *new* pipeline
-that starts again at epoch 0. ``DALILoader`` reads the reader's metadata once from a one-sample
-twin of the pipeline and tabulates which rows of which batch of each reader epoch are real
-samples (``EpochPlan``: the reader pads every shard to the same number of batches and, without
-``stick_to_shard``, moves to the next shard each epoch). Loader iteration applies that table in
-Python to the tensors one long-lived iterator hands out, so GPU batches are sliced where they are
-and never copied; ``loader.dataset`` applies the same table with tf.data ops, for ``model.fit``.
+``DALILoader`` (``crossdali.tensorflow.dali_loader``) gives DALIDataset the epochs it lacks.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import math
-import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
@@ -45,343 +34,20 @@ from crossdali.common.distributed import DistInfo
 from crossdali.common.errors import DataError
 from crossdali.common.loading.epochs import LastBatchPolicy
 from crossdali.common.loading.loaders import SplitPlan, prepare_split
-from crossdali.common.options import CLASSIFICATION_BACKENDS, PipelineOptions
-from crossdali.tensorflow.devices import enable_memory_growth, tf_device
+from crossdali.common.options import CLASSIFICATION_BACKENDS
+from crossdali.tensorflow.dali_loader import NO_DALI_CHECKPOINTS, DALILoader
 
 __all__ = [
     "BACKENDS",
-    "DALILoader",
-    "EpochPlan",
     "NativeLoader",
     "SyntheticLoader",
-    "check_pipeline_outputs",
     "create_classification_dataset",
     "create_classification_loader",
-    "dali_dataset",
-    "pipeline_run_kwargs",
 ]
 
 log = logging.getLogger(__name__)
 
 BACKENDS = CLASSIFICATION_BACKENDS
-
-#: Why TensorFlow loaders take no ``checkpointing`` (measured with DALI 2.4 / TF 2.21, docs/tensorflow.md).
-NO_DALI_CHECKPOINTS = ("DALIDataset cannot restore a DALI pipeline checkpoint: over a pipeline built with "
-                       "checkpoint=... it still starts at the first batch of a fresh run (measured with DALI 2.4), "
-                       "and it has no way to save one. TensorFlow loaders resume at epoch boundaries "
-                       "(state_dict/load_state_dict); leave checkpointing off")
-
-
-# --------------------------------------------------------------------------------------------
-# Epoch bookkeeping over DALI's endless stream
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """Real rows per batch of the reader's stream, for each epoch of one shard.
-
-    ``valid[k, b]`` is how many leading rows of batch ``b`` of reader epoch ``e`` (with
-    ``k = e % len(valid)``) are kept: 0 drops the batch. The reader yields
-    ``batches_per_reader_epoch`` batches per epoch whatever the shard's size.
-    """
-
-    valid: np.ndarray  # (cycle, batches_per_reader_epoch) int64
-    batch_size: int
-    epoch_size: int  # samples (clips) of one reader epoch over all shards
-
-    @property
-    def batches_per_reader_epoch(self) -> int:
-        return int(self.valid.shape[1])
-
-    def rows(self, position: int) -> int:
-        """Real rows of batch number ``position`` of a stream that started at reader epoch 0."""
-        epoch, batch = divmod(position, self.batches_per_reader_epoch)
-        return int(self.valid[epoch % len(self.valid), batch])
-
-    def steps(self, epoch: int, *, start: int = 0) -> int:
-        """Batches yielded in reader ``epoch`` (0-based) from its batch ``start`` on, padding removed."""
-        return int(np.count_nonzero(self.valid[epoch % len(self.valid), start:]))
-
-    def samples(self, epoch: int) -> int:
-        return int(self.valid[epoch % len(self.valid)].sum())
-
-    @classmethod
-    def from_reader_meta(cls, meta: dict, *, batch_size: int, policy: LastBatchPolicy) -> EpochPlan:
-        """Mirror of DALI's ``base_iterator`` arithmetic (shard sizes, padding, shard rotation)."""
-        n, shards, shard_id = int(meta["epoch_size"]), int(meta["number_of_shards"]), int(meta["shard_id"])
-        if not meta["pad_last_batch"]:
-            raise ValueError("the reader must be built with pad_last_batch=True so that every shard yields "
-                             "the same number of batches; crossdali's pipelines do this")
-        if policy not in (LastBatchPolicy.PARTIAL, LastBatchPolicy.DROP):
-            raise ValueError(f"the TensorFlow wrapper supports PARTIAL and DROP last-batch policies, got {policy.name}")
-        sizes = np.array([(s + 1) * n // shards - s * n // shards for s in range(shards)], dtype=np.int64)
-        per_epoch = math.ceil(int(sizes.max()) / batch_size)  # the reader pads every shard to this
-        rotation = [shard_id] if meta["stick_to_shard"] else [(shard_id + k) % shards for k in range(shards)]
-        starts = np.arange(per_epoch, dtype=np.int64) * batch_size
-        rows = []
-        for shard in rotation:
-            if policy == LastBatchPolicy.DROP:
-                full = (n // shards) // batch_size  # same on every shard: equal optimizer steps
-                rows.append(np.where(np.arange(per_epoch) < full, batch_size, 0))
-            else:
-                rows.append(np.clip(sizes[shard] - starts, 0, batch_size))
-        return cls(valid=np.stack(rows).astype(np.int64), batch_size=batch_size, epoch_size=n)
-
-
-def _unfolded(x: tf.Tensor, unfold: int) -> tf.Tensor:
-    """``(n, unfold, ...)`` as ``(n * unfold, ...)``: the samples a DALI sample holds (video's reads)."""
-    return x if unfold == 1 else tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], axis=0))
-
-
-def _planned(stream: tf.data.Dataset, plan: EpochPlan, *, names: tuple[str, ...],
-             flatten: tuple[str, ...], unfold: int = 1) -> tf.data.Dataset:
-    """``plan`` applied with tf.data ops (the ``.dataset`` view): padded and surplus batches
-    dropped, short ones trimmed, samples unfolded, ``flatten`` outputs reshaped to (N,). These ops run
-    on the host."""
-    table = tf.constant(plan.valid)
-    per_epoch, cycle = plan.batches_per_reader_epoch, plan.valid.shape[0]
-
-    def rows(i):
-        return table[(i // per_epoch) % cycle, i % per_epoch]
-
-    def trim(i, batch):
-        return tuple(tf.reshape(x[: rows(i)], [-1]) if n in flatten else _unfolded(x[: rows(i)], unfold)
-                     for n, x in zip(names, batch))
-
-    return (stream.enumerate().filter(lambda i, batch: rows(i) > 0).map(trim)
-            .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
-
-
-# --------------------------------------------------------------------------------------------
-# DALIDataset construction with an early shape/dtype check
-# --------------------------------------------------------------------------------------------
-
-
-def check_pipeline_outputs(pipeline, *, output_shapes, output_dtypes) -> None:
-    """Run ``pipeline`` once and raise ``ValueError`` if an output does not match what the
-    dataset declares (per-sample shape and dtype; the batch dimension is not checked).
-
-    DALIDataset only notices a mismatch inside ``IteratorGetNext``, mid-``fit``; this check
-    makes it fail at construction with both shapes and the likely fix.
-    """
-    pipeline.build()
-    outputs = pipeline.run()
-    for i, (out, shape, dtype) in enumerate(zip(outputs, output_shapes, output_dtypes)):
-        if hasattr(out, "as_cpu"):
-            out = out.as_cpu()
-        got = tuple(out.as_tensor().shape())[1:] if out.is_dense_tensor() else None
-        want = tuple(tf.TensorShape(shape).as_list()[1:])
-        if got is None:
-            raise ValueError(f"pipeline output {i} has samples of different shapes (e.g. {out[0].shape()}), "
-                             f"but the dataset declares {want} per sample: crop/resize every sample to one size")
-        if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
-            raise ValueError(f"pipeline output {i} has per-sample shape {got} but the dataset declares {want}; "
-                             "make the declared output_shapes match the pipeline (crop_size and output_layout "
-                             "of the ClassificationTransform) or fix the pipeline")
-        got_dtype = np.dtype(np.asarray(out.as_tensor()).dtype)
-        if got_dtype != tf.as_dtype(dtype).as_numpy_dtype:
-            raise ValueError(f"pipeline output {i} has dtype {got_dtype} but the dataset declares "
-                             f"{tf.as_dtype(dtype).name}; pass output_dtypes matching the pipeline")
-
-
-def pipeline_run_kwargs(pipeline) -> dict:
-    """The pipeline's thread count and queue depths as DALIDataset arguments: DALIDataset does not read
-    them from the pipeline (without them it runs 4 threads, whatever was asked)."""
-    depth = pipeline.prefetch_queue_depth
-    queues = (dict(exec_separated=True, cpu_prefetch_queue_depth=depth["cpu_size"],
-                   gpu_prefetch_queue_depth=depth["gpu_size"]) if isinstance(depth, dict)
-              else dict(prefetch_queue_depth=depth))
-    return dict(num_threads=pipeline.num_threads, **queues)
-
-
-def dali_dataset(pipeline, *, batch_size: int, output_shapes, output_dtypes, device_id: int | None,
-                 check_outputs: bool = True, host_outputs: bool = False) -> tf.data.Dataset:
-    """``DALIDataset`` over ``pipeline`` on ``/CPU:0`` (``device_id=None``) or on the TF GPU that is
-    CUDA device ``device_id``, running with the pipeline's own thread count and queue depth.
-
-    ``check_outputs`` runs the pipeline object once first (see ``check_pipeline_outputs``); the
-    dataset itself runs a fresh copy deserialized from it, so the check consumes nothing.
-    ``host_outputs``: a GPU pipeline with some outputs on the CPU (DALIDataset refuses it, "TF device
-    and DALI device mismatch", unless told that they are to be copied to the GPU).
-    """
-    import nvidia.dali.plugin.tf as dali_tf  # defer: the plugin loads a compiled TF op library
-
-    shapes = tuple(tf.TensorShape(s) for s in output_shapes)
-    dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
-    for s in shapes:
-        if s.rank is None or (s[0] is not None and s[0] != batch_size):
-            raise ValueError(f"declared output shape {s} must start with the batch size {batch_size}")
-    with tf.device(tf_device(device_id)):
-        ds = dali_tf.DALIDataset(pipeline=pipeline, batch_size=batch_size, output_shapes=shapes, output_dtypes=dtypes,
-                                 device_id=device_id, fail_on_device_mismatch=not host_outputs,
-                                 **pipeline_run_kwargs(pipeline))
-    if check_outputs:
-        check_pipeline_outputs(pipeline, output_shapes=shapes, output_dtypes=dtypes)
-    return ds
-
-
-# --------------------------------------------------------------------------------------------
-# The loaders
-# --------------------------------------------------------------------------------------------
-
-
-#: loaders whose pipeline iterator is open, released at exit (``_release_at_exit``)
-_OPEN_LOADERS: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register  # runs before TensorFlow's own exit handlers (registered at its import, earlier)
-def _release_at_exit() -> None:
-    """Release every open loader's iterator while Python is still up. An external-source loader's
-    input is a ``from_generator`` dataset whose iterator, when released at interpreter teardown instead
-    (its loader kept alive by a reference cycle), makes TensorFlow print "Error occurred when finalizing
-    GeneratorDataset iterator: ... Python interpreter state is not initialized" at the end of a run."""
-    for loader in list(_OPEN_LOADERS):
-        loader.close()
-
-
-class DALILoader:
-    """One of the shared DALI pipelines through ``DALIDataset``, with the epochs DALIDataset lacks.
-
-    ``for batch in loader`` is one epoch of tuples of tensors (the ``names`` outputs, those in
-    ``flatten`` reshaped to (N,)), padding rows removed (``EpochPlan``), on the pipeline's device:
-    ``dali-gpu`` batches stay on the GPU (the iterator is made under the GPU's device scope and
-    the bookkeeping slices the eager GPU tensors). The next ``for`` continues the same stream.
-
-    ``dataset`` is the same stream as a ``tf.data.Dataset`` for ``model.fit``: endless for train
-    (give Keras ``steps_per_epoch``), one epoch for val. Its bookkeeping runs as host tf.data
-    ops, so on the GPU every batch goes through host memory.
-
-    ``state_dict`` is epoch-level: DALIDataset cannot restore DALI's checkpoints (see
-    ``NO_DALI_CHECKPOINTS``), so a restored loader continues the epoch count and starts that
-    epoch's data from its beginning, in a fresh run's order. ``host_outputs``: the pipeline leaves
-    some outputs on the CPU in GPU mode; DALIDataset copies them to the GPU. ``unfold`` > 1: each DALI
-    sample holds that many samples (video's ``clips_per_read``): outputs arrive as ``(n, unfold, ...)``
-    (``output_shapes`` declare that) and leave as ``(n * unfold, ...)``; ``batch_size`` and
-    ``num_samples`` count the unfolded samples.
-    """
-
-    def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
-                 names: tuple[str, ...], output_shapes, output_dtypes, reader_name: str,
-                 explain: Callable[[Exception], Exception], flatten: tuple[str, ...] = ("labels",),
-                 twin_on_cpu: bool = True, host_outputs: bool = False, unfold: int = 1) -> None:
-        if options.checkpoint is not None:
-            raise ValueError(NO_DALI_CHECKPOINTS)
-        self.plan, self.source, self.policy, self.backend = plan, plan.source, plan.policy, plan.backend
-        self.unfold = unfold
-        self.batch_size, self.num_classes = options.batch_size * unfold, plan.num_classes
-        self.names, self.flatten, self._explain = names, flatten, explain
-        if options.device == "gpu":
-            enable_memory_growth()  # before anything below touches the GPU
-        self.device = tf_device(options.pipeline_device_id)
-        shapes = tuple(tf.TensorShape(s) for s in output_shapes)
-        dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
-        self._epoch0, self._pos, self._it, self._closed = 0, 0, None, False
-        self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
-        self._raw = self._raw_dataset(build, options, shapes, dtypes, host_outputs=host_outputs)
-
-    def _raw_dataset(self, build, options: PipelineOptions, shapes, dtypes, *, host_outputs: bool) -> tf.data.Dataset:
-        """The endless DALIDataset the epoch plan is applied to."""
-        return dali_dataset(build(options), batch_size=options.batch_size, output_shapes=shapes, output_dtypes=dtypes,
-                            device_id=options.pipeline_device_id, check_outputs=False, host_outputs=host_outputs)
-
-    def _epoch_plan(self, build, options, shapes, dtypes, *, twin_on_cpu: bool, reader_name: str) -> EpochPlan:
-        """A one-sample twin of the pipeline: its reader metadata sizes the epochs, and its first
-        sample checks the declared shapes before DALIDataset runs. On the CPU unless the data
-        needs the GPU (H.264 video), so it costs no GPU memory."""
-        twin_opts = replace(options, batch_size=1, num_threads=1, prefetch_queue_depth=1, initial_fill=1)
-        if twin_on_cpu:
-            twin_opts = replace(twin_opts, device="cpu", device_id=None)
-        try:
-            twin = build(twin_opts)
-            check_pipeline_outputs(twin, output_shapes=[(1, *s[1:]) for s in shapes], output_dtypes=dtypes)
-        except RuntimeError as e:
-            raise self._explain(e) from e
-        meta = twin.reader_meta(reader_name)
-        del twin
-        return EpochPlan.from_reader_meta(meta, batch_size=options.batch_size, policy=self.policy)
-
-    @property
-    def num_samples(self) -> int:
-        """Samples per epoch over all shards (clips for video), as the reader counts them."""
-        return self.epochs.epoch_size * self.unfold
-
-    @property
-    def epoch(self) -> int:
-        """Epochs completed (a restored loader counts on from its state)."""
-        return self._epoch0 + self._pos // self.epochs.batches_per_reader_epoch
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Batches per epoch for Keras; for PARTIAL with unequal shards it is the first epoch's count."""
-        return self.epochs.steps(0)
-
-    def __len__(self) -> int:
-        """Batches the next ``for`` yields (the rest of the epoch if one was left mid-way)."""
-        epoch, batch = divmod(self._pos, self.epochs.batches_per_reader_epoch)
-        return self.epochs.steps(epoch, start=batch)
-
-    def _next(self) -> tuple:
-        if self._closed:
-            raise RuntimeError("this loader was closed (close() released its DALI pipeline): create a new one")
-        try:  # the iterator's start runs the pipeline's first batches: a bad sample fails there already
-            with tf.device(self.device):  # the iterator (and with it the batches) on the pipeline's device
-                if self._it is None:
-                    self._it = iter(self._raw)
-                    _OPEN_LOADERS.add(self)
-                batch = next(self._it)
-        except tf.errors.OpError as e:
-            raise self._explain(e) from e
-        self._pos += 1
-        return batch
-
-    def close(self) -> None:
-        """Release the DALI pipeline and its iterator now (also done for every open loader at exit);
-        the loader cannot be iterated afterwards."""
-        self._it, self._closed = None, True
-        _OPEN_LOADERS.discard(self)
-
-    def __iter__(self) -> Iterator[tuple[tf.Tensor, ...]]:
-        per_epoch = self.epochs.batches_per_reader_epoch
-        end = (self._pos // per_epoch + 1) * per_epoch
-        while self._pos < end:
-            rows = self.epochs.rows(self._pos)
-            batch = self._next()
-            if rows == 0:
-                continue
-            # a shard's trailing padding-only batches are read now, so the epoch is complete (and
-            # counted) once its last real batch is out, however the caller stops iterating
-            while self._pos < end and self.epochs.rows(self._pos) == 0:
-                self._next()
-            with tf.device(self.device):  # sliced where they are (a GPU batch stays on the GPU)
-                out = tuple(self._trim(name, x, rows) for name, x in zip(self.names, batch))
-            yield out  # outside the device scope: the caller's code must not run under it
-
-    def _trim(self, name: str, x: tf.Tensor, rows: int) -> tf.Tensor:
-        if rows < self.epochs.batch_size:
-            x = x[:rows]
-        return tf.reshape(x, [-1]) if name in self.flatten else _unfolded(x, self.unfold)
-
-    @functools.cached_property
-    def dataset(self) -> tf.data.Dataset:
-        stream = _planned(self._raw, self.epochs, names=self.names, flatten=self.flatten, unfold=self.unfold)
-        # val: one epoch, re-iterable (a fresh pipeline each time starts at epoch 0: the same samples)
-        return stream if self.plan.train else stream.take(self.epochs.steps(0))
-
-    def state_dict(self) -> dict:
-        per_epoch = self.epochs.batches_per_reader_epoch
-        epoch, batch = divmod(self._pos, per_epoch)
-        return {"epoch": self.epoch, "batches": self.epochs.steps(epoch) - self.epochs.steps(epoch, start=batch)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "dali" in state:
-            raise ValueError("this loader state holds a DALI checkpoint (a PyTorch loader's); " + NO_DALI_CHECKPOINTS)
-        self._epoch0, self._pos, self._it = int(state["epoch"]), 0, None
-        if int(state.get("batches", 0)):
-            log.warning("loader state saved %d batches into epoch %d: TensorFlow's DALI loaders resume at epoch "
-                        "boundaries, so that epoch starts again from its first batch", state["batches"],
-                        self._epoch0 + 1)
-
 
 class NativeLoader:
     """tf.data batches from ``make_stream(epoch, skip)``, an endless stream of epochs starting at

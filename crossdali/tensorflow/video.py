@@ -4,7 +4,7 @@ DALI clip pipeline (``crossdali.common.video``), through ``DALIDataset``.
 Backends: ``dali-cpu`` (FFmpeg, VP8/VP9 only; ``/CPU:0``, no GPU needed) and ``dali-gpu``
 (NVDEC: VP9, H.264, HEVC, AV1; batches stay on the GPU). Clips are ``(N, F, H, W, C)``
 (``layout="NFHWC"``, what Keras' ``Conv3D`` takes) or ``(N, C, F, H, W)``; labels ``(N,)`` int64.
-Epochs follow ``crossdali.common.loading.epochs`` through ``crossdali.tensorflow.loaders.DALILoader``:
+Epochs follow ``crossdali.common.loading.epochs`` through ``crossdali.tensorflow.dali_loader.DALILoader``:
 val sees every clip exactly once across shards.
 """
 
@@ -19,7 +19,7 @@ from crossdali.common.distributed import DistInfo
 from crossdali.common.loading.epochs import LastBatchPolicy
 from crossdali.common.loading.video_loaders import VIDEO_BACKENDS, plan_video_split
 from crossdali.common.video import VIDEO_READER_NAME, ClipTransform
-from crossdali.tensorflow.loaders import NO_DALI_CHECKPOINTS, DALILoader
+from crossdali.tensorflow.dali_loader import NO_DALI_CHECKPOINTS, DALILoader
 
 __all__ = ["VIDEO_BACKENDS", "create_video_dataset", "create_video_loader"]
 

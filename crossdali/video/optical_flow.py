@@ -22,12 +22,8 @@ import numpy as np
 
 from crossdali.common.classification import PipelineOptions
 from crossdali.common.data.sample_data.video import VIDEO_SIZES, ensure_video
-from crossdali.common.video import (
-    create_optical_flow_pipeline,
-    flow_to_frame_pixels,
-    require_optical_flow_hardware,
-    resolve_video_source,
-)
+from crossdali.common.data.videos import resolve_video_source
+from crossdali.common.optical_flow import create_optical_flow_pipeline, flow_to_frame_pixels, require_optical_flow_hardware
 
 log = logging.getLogger("crossdali.video.optical_flow")
 

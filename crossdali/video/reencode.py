@@ -21,9 +21,9 @@ import argparse
 from fractions import Fraction
 from pathlib import Path
 
+from crossdali.common.data.videos import ENCODERS, encoder_settings
 from crossdali.common.errors import UsageError
 from crossdali.common.scripts.script import run
-from crossdali.common.video import ENCODERS, encoder_settings
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

@@ -21,10 +21,10 @@ import logging
 import torch
 
 from crossdali.common.data.sample_data.video import ensure_video
+from crossdali.common.data.videos import resolve_video_source
 from crossdali.common.loading.epochs import batch_sizes, choose_last_batch_policy
 from crossdali.common.scripts import script_parsers
 from crossdali.common.scripts.script import run
-from crossdali.common.video import resolve_video_source
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.training import (
     MixedPrecision,

@@ -10,15 +10,9 @@ from nvidia.dali.types import SampleInfo
 from crossdali.common.classification import ClassificationTransform, PipelineOptions, create_classification_pipeline
 from crossdali.common.distributed import DistInfo
 from crossdali.common.errors import DataError
-from crossdali.common.external import (
-    ExternalSourceOptions,
-    IndexedSamples,
-    StreamBatches,
-    create_external_source_pipeline,
-    prepare_external_source,
-    to_sample,
-)
+from crossdali.common.external import ExternalSourceOptions, create_external_source_pipeline, prepare_external_source
 from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.external_readers import IndexedSamples, StreamBatches, to_sample
 
 BACKENDS = ("dali-cpu", "dali-gpu")
 

@@ -65,7 +65,8 @@ def test_clip_shapes(tiny_video, layout):
 
 
 def test_video_val_in_order_and_exactly_once_over_two_shards(tiny_video):
-    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+    from crossdali.common.data.videos import check_videos
+    from crossdali.common.video import ClipTransform, resolve_video_source
 
     src = resolve_video_source(tiny_video, "val")
     t = ClipTransform(sequence_length=4, stride=2)
@@ -84,7 +85,8 @@ def test_video_val_in_order_and_exactly_once_over_two_shards(tiny_video):
 def test_video_pipelines_merge_into_one_batch_with_every_clip_once(tiny_video):
     """pipelines=2 through DALI's JAX iterator: batches of 3 + 3 clips concatenated on the device, every
     val clip once, len() the batch count, and one DALI checkpoint per pipeline in the state."""
-    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+    from crossdali.common.data.videos import check_videos
+    from crossdali.common.video import ClipTransform, resolve_video_source
 
     src = resolve_video_source(tiny_video, "val")
     t = ClipTransform(sequence_length=4, stride=2)

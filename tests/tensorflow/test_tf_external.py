@@ -59,7 +59,7 @@ def test_train_epochs_reshuffle_in_the_other_frameworks_order(val_items, assert_
     assert_epoch_coverage([first], 55)
     assert_epoch_coverage([second], 55)
     assert first != second and _ids(list(_loader(val_items, seed=5))) == first
-    # the permutation every framework's external-source loader takes (crossdali.common.external.IndexedSamples)
+    # the permutation every framework's external-source loader takes (crossdali.common.loading.external_readers.IndexedSamples)
     assert [first, second] == [np.random.default_rng([5, e]).permutation(55).tolist() for e in (0, 1)]
 
 

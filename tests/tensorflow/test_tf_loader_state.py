@@ -102,7 +102,7 @@ def test_dalidataset_does_not_restore_dali_checkpoints(tiny_classification):
     from crossdali.common.classification import ClassificationTransform, create_classification_pipeline
     from crossdali.common.data.sources import resolve_source
     from crossdali.common.options import PipelineOptions
-    from crossdali.tensorflow.loaders import dali_dataset
+    from crossdali.tensorflow.dali_loader import dali_dataset
 
     src = resolve_source(tiny_classification / "imagefolder", "train")
     transform = ClassificationTransform(crop_size=16, output_layout="HWC")

@@ -21,7 +21,7 @@ from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.distributed import DistInfo  # noqa: E402
 from crossdali.common.errors import DataError  # noqa: E402
 from crossdali.tensorflow import create_classification_dataset, create_classification_loader  # noqa: E402
-from crossdali.tensorflow.loaders import dali_dataset  # noqa: E402
+from crossdali.tensorflow.dali_loader import dali_dataset  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 CROP = 48

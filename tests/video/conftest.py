@@ -31,7 +31,8 @@ def indexed_val_clips(tiny_video):
     ``{(file index, first frame): clip id}``, so a loader's (label, frame_num) names each clip."""
     pytest.importorskip("torch")
     from crossdali.common.data.sources import DataSource
-    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+    from crossdali.common.data.videos import check_videos
+    from crossdali.common.video import ClipTransform, resolve_video_source
 
     val = resolve_video_source(tiny_video, "val")
     files = val.files[:-1]

@@ -20,8 +20,9 @@ def _list(tmp_path, *names: str):
 
 
 def test_missing_video_in_file_list(tmp_path):
+    from crossdali.common.data.videos import check_videos
     from crossdali.common.errors import DataError
-    from crossdali.common.video import check_videos, resolve_video_source
+    from crossdali.common.video import resolve_video_source
 
     with pytest.raises(DataError, match=r"list\.txt:1: .*gone\.webm does not exist"):
         resolve_video_source(_list(tmp_path, "gone.webm"), "val")
@@ -41,8 +42,8 @@ def test_non_video_file(tmp_path):
 
 def test_variable_frame_rate_file(tmp_path):
     from crossdali.common.data.sample_data.video import write_video
+    from crossdali.common.data.videos import check_videos
     from crossdali.common.errors import DataError
-    from crossdali.common.video import check_videos
     from crossdali.video.reencode import reencode
 
     vfr = tmp_path / "vfr.webm"
@@ -64,8 +65,9 @@ def test_variable_frame_rate_h264_for_the_gpu_gets_an_h264_fix_with_key_frames_a
     the hint re-encodes to an .mp4 with a key frame every clip step, and that fix passes the check
     (probing needs no GPU)."""
     from crossdali.common.data.sample_data.video import write_video
+    from crossdali.common.data.videos import check_videos
     from crossdali.common.errors import DataError
-    from crossdali.common.video import ClipTransform, check_videos
+    from crossdali.common.video import ClipTransform
     from crossdali.video.reencode import reencode
 
     vfr = tmp_path / "vfr.mp4"
@@ -103,8 +105,9 @@ def test_h264_on_cpu_names_codec_and_fix(tiny_video):
 
 def test_file_shorter_than_a_clip(tmp_path):
     from crossdali.common.data.sample_data.video import write_video
+    from crossdali.common.data.videos import check_videos
     from crossdali.common.errors import DataError
-    from crossdali.common.video import ClipTransform, check_videos
+    from crossdali.common.video import ClipTransform
 
     write_video(tmp_path / "short.webm", _frames(10))
     with pytest.raises(DataError, match=r"short\.webm has 10 frames but a clip needs 16"):
@@ -113,7 +116,8 @@ def test_file_shorter_than_a_clip(tmp_path):
 
 def test_optical_flow_without_gpu_says_what_hardware_is_needed(tiny_video):
     from crossdali.common.classification import PipelineOptions
-    from crossdali.common.video import OpticalFlowUnavailable, create_optical_flow_pipeline, resolve_video_source
+    from crossdali.common.optical_flow import OpticalFlowUnavailable, create_optical_flow_pipeline
+    from crossdali.common.video import resolve_video_source
 
     files = resolve_video_source(tiny_video, "val").files
     with pytest.raises(OpticalFlowUnavailable,
@@ -124,7 +128,7 @@ def test_optical_flow_without_gpu_says_what_hardware_is_needed(tiny_video):
 def test_optical_flow_example_fails_clearly_without_gpu(tiny_video, tmp_path):
     from nvidia.dali.backend import GetCUDADeviceCount
 
-    from crossdali.common.video import OpticalFlowUnavailable
+    from crossdali.common.optical_flow import OpticalFlowUnavailable
 
     if GetCUDADeviceCount() > 0:
         pytest.skip("a CUDA GPU is visible: the GPU test covers the example")
@@ -137,8 +141,8 @@ def test_optical_flow_example_fails_clearly_without_gpu(tiny_video, tmp_path):
 
 def test_vp9_below_nvdec_minimum_on_gpu_names_file_and_fix(tiny_video):
     """64x64 VP9 decodes on the CPU, but NVDEC rejects VP9 under 128x128 mid-epoch: say so up front."""
+    from crossdali.common.data.videos import check_videos
     from crossdali.common.errors import DataError
-    from crossdali.common.video import check_videos
 
     files = sorted(str(p) for p in tiny_video.rglob("*.webm"))[:2]
     assert check_videos(files, device="cpu")  # fine on the CPU

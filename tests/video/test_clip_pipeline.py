@@ -69,7 +69,8 @@ def test_frame_order_inside_a_clip(tiny_video, sequence_length, stride, step):
 
 def test_labels_match_the_file_list(tiny_video):
     _pytorch()
-    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+    from crossdali.common.data.videos import check_videos
+    from crossdali.common.video import ClipTransform, resolve_video_source
     from crossdali.pytorch.video import create_video_loader
 
     src = resolve_video_source(tiny_video, "val")
@@ -114,8 +115,9 @@ def test_the_reader_and_its_clip_count_follow_the_codecs(tiny_video):
     ``sequence_length * stride`` frames. 32-frame files, 8 frames, stride 2, step 17: clips start at
     0 and 17 for the legacy reader (17 + 15 = 32), at 0 only for the experimental one."""
     pytest.importorskip("av")
+    from crossdali.common.data.videos import ClipCounter, clip_reader, count_clips
     from crossdali.common.errors import DataError
-    from crossdali.common.video import ClipCounter, ClipTransform, clip_reader, count_clips, resolve_video_source
+    from crossdali.common.video import ClipTransform, resolve_video_source
 
     assert clip_reader("gpu", ["h264", "hevc"]) == "legacy"
     assert clip_reader("gpu", ["h264", "vp9"]) == clip_reader("cpu", ["h264"]) == clip_reader("gpu", []) == "experimental"

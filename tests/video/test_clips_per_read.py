@@ -51,7 +51,7 @@ def _clips(src, *, clips_per_read: int, device: str = "cpu", reader: str | None 
 
 def _expected(src, *, clips_per_read: int, need, device: str = "cpu") -> set:
     """(file index, first frame) of every clip: reads of ``clips_per_read`` 8-frame clips every ``8 * k`` frames."""
-    from crossdali.common.video import check_videos
+    from crossdali.common.data.videos import check_videos
 
     step = 8 * clips_per_read
     return {(i, s + j * 8) for i, info in enumerate(check_videos(src.files, device=device))
@@ -86,7 +86,7 @@ def test_the_loader_hands_out_clips_and_counts_them(tiny_video, caplog):
     from crossdali.common.video import resolve_video_source
 
     src = _indexed(resolve_video_source(tiny_video, "val"))
-    with caplog.at_level(logging.WARNING, logger="crossdali.common.video"):
+    with caplog.at_level(logging.WARNING, logger="crossdali.common.data.videos"):
         loader = _loader(src, last_batch="partial")
     assert any("clips_per_read=3 gives" in r.getMessage() and "are not read" in r.getMessage() for r in caplog.records)
     expected = _expected(src, clips_per_read=3, need=lambda k: 8 * k)
@@ -137,8 +137,9 @@ def test_mistakes_are_named(tiny_video):
 
 def test_a_file_too_short_for_one_read_is_named_not_skipped(tiny_video):
     """A file long enough for a clip but not for a read would give no clip: the check names it and the flag."""
+    from crossdali.common.data.videos import check_videos
     from crossdali.common.errors import DataError
-    from crossdali.common.video import ClipTransform, check_videos
+    from crossdali.common.video import ClipTransform
 
     files = sorted(str(f) for f in (tiny_video / "index").glob("count_40*.webm"))
     t = ClipTransform(sequence_length=8, stride=2)
@@ -167,7 +168,8 @@ def test_key_frames_further_apart_than_clips_get_a_hint_naming_clips_per_read(tm
     clips decode each interval once; with clips_per_read=4, or key frames at every clip, it is not."""
     from crossdali.common.data.sample_data.video import write_video
     from crossdali.common.data.sources import DataSource
-    from crossdali.common.video import ClipTransform, count_clips, probe_video
+    from crossdali.common.data.videos import count_clips, probe_video
+    from crossdali.common.video import ClipTransform
 
     frames = np.random.default_rng(0).integers(0, 255, (48, 64, 64, 3), dtype=np.uint8)
     files = []
@@ -180,7 +182,7 @@ def test_key_frames_further_apart_than_clips_get_a_hint_naming_clips_per_read(tm
     def hints(path, **kw) -> list[str]:
         caplog.clear()
         src = DataSource(format="filelist", root=tmp_path, files=(path,), labels=(0,), num_samples=1)
-        with caplog.at_level(logging.WARNING, logger="crossdali.common.video"):
+        with caplog.at_level(logging.WARNING, logger="crossdali.common.data.videos"):
             assert count_clips(src, device="gpu", transform=ClipTransform(sequence_length=4, **kw))[1] == "legacy"
         return [r.getMessage() for r in caplog.records if "--clips-per-read" in r.getMessage()]
 

@@ -29,8 +29,9 @@ def test_tf_clip_shapes(tiny_video, layout):
 
 def test_tf_val_labels_and_exactly_once_over_two_shards(tiny_video):
     """Val clips in file-list order, every clip once across 2 shards (odd count, padding dropped)."""
+    from crossdali.common.data.videos import check_videos
     from crossdali.common.distributed import DistInfo
-    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+    from crossdali.common.video import ClipTransform, resolve_video_source
     from crossdali.tensorflow.video import create_video_loader
 
     src = resolve_video_source(tiny_video, "val")
@@ -57,7 +58,8 @@ def test_tf_reads_of_three_clips_unfold_into_clips(tiny_video):
     """``clips_per_read=3``: batches of 6 clips (2 reads), the 3 clips of a read from one file, every file
     giving the clips of its read grid once an epoch, through both the loader and its ``dataset``."""
     from crossdali.common.data.sources import DataSource
-    from crossdali.common.video import ClipTransform, check_videos, resolve_video_source
+    from crossdali.common.data.videos import check_videos
+    from crossdali.common.video import ClipTransform, resolve_video_source
     from crossdali.tensorflow.video import create_video_loader
 
     val = resolve_video_source(tiny_video, "val")

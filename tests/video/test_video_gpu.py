@@ -88,7 +88,8 @@ def test_gpu_h264_reads_every_legacy_clip_once(gpu_video):
     _require_gpu()
     pytest.importorskip("torch")
     from crossdali.common.data.sources import DataSource
-    from crossdali.common.video import ClipTransform, check_videos, count_clips, resolve_video_source
+    from crossdali.common.data.videos import check_videos, count_clips
+    from crossdali.common.video import ClipTransform, resolve_video_source
     from crossdali.pytorch.video import create_video_loader
 
     val = resolve_video_source(gpu_video / "h264", "val")

@@ -61,7 +61,8 @@ def test_video_training_reads_several_clips_at_a_time(tiny_video, tmp_path):
     """--clips-per-read 3: the script trains on clips cut from 3-clip reads (every clip of the 3-clip grid
     once in the epoch: 3 of each 32-frame file's 4), validates on every val clip once, and records the setting."""
     pytest.importorskip("torch")
-    from crossdali.common.video import ClipTransform, check_videos, clips_per_epoch, resolve_video_source
+    from crossdali.common.data.videos import check_videos, clips_per_epoch
+    from crossdali.common.video import ClipTransform, resolve_video_source
     from crossdali.video.train import get_args_parser, main
 
     stats = main(get_args_parser().parse_args([
@@ -86,7 +87,8 @@ def test_video_training_reads_several_h264_clips_at_a_time_on_cuda(gpu_video, tm
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (NVDEC)")
-    from crossdali.common.video import ClipTransform, check_videos, clips_per_epoch, resolve_video_source
+    from crossdali.common.data.videos import check_videos, clips_per_epoch
+    from crossdali.common.video import ClipTransform, resolve_video_source
     from crossdali.video.train import get_args_parser, main
 
     data = gpu_video / "h264"

@@ -44,7 +44,7 @@ class DALIIteratorLoader:
     ``batch_size`` and ``num_samples`` count the unfolded samples, ``plan`` counts DALI's.
 
     ``reader_kind`` names which DALI reader operator ``reader_name`` is where a loader may use one of
-    several (video: ``"legacy"`` or ``"experimental"``, ``crossdali.common.video.clip_reader``); it is
+    several (video: ``"legacy"`` or ``"experimental"``, ``crossdali.common.data.videos.clip_reader``); it is
     saved with the checkpoints, since one operator's checkpoint cannot restore the other.
     """
 
@@ -172,7 +172,7 @@ class DALIIteratorLoader:
         saved_kind = state.get("dali_reader")  # None: saved before crossdali recorded it, or no choice of reader
         if saved_kind is not None and self.reader_kind is not None and saved_kind != self.reader_kind:
             log.warning("loader state saved by DALI's %s reader, but this loader reads with the %s one (another "
-                        "backend or other codecs: crossdali.common.video.clip_reader), which cannot restore its "
+                        "backend or other codecs: crossdali.common.data.videos.clip_reader), which cannot restore its "
                         "checkpoint: epoch %d starts again from its first batch, in a fresh run's order",
                         saved_kind, self.reader_kind, self.epoch)
             self._batches = 0

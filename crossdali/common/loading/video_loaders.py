@@ -12,18 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crossdali.common.data.sources import DataSource
+from crossdali.common.data.videos import ClipCounter, resolve_video_source
 from crossdali.common.distributed import DistInfo
 from crossdali.common.loading.epochs import LastBatchPolicy
 from crossdali.common.loading.loaders import SplitPlan, prepare_split
 from crossdali.common.video import (
     VIDEO_READER_NAME,
-    ClipCounter,
     ClipTransform,
     create_clip_pipeline,
     default_video_pipelines,
     explain_video_failure,
     read_batch_size,
-    resolve_video_source,
 )
 
 __all__ = ["VIDEO_BACKENDS", "VIDEO_LAYOUTS", "VideoSplit", "plan_video_split"]

@@ -25,10 +25,10 @@ from crossdali.common.data.check.core import (
     sample_id,
 )
 from crossdali.common.data.check.exclude import format_exclusions
+from crossdali.common.data.coco import DetectionSource, coco_problems, resolve_detection_source
 from crossdali.common.data.sources import DataSource, read_file_list, resolve_source
-from crossdali.common.detection import DetectionSource, coco_problems, resolve_detection_source
+from crossdali.common.data.videos import resolve_video_source, video_problems
 from crossdali.common.errors import DataError
-from crossdali.common.video import resolve_video_source, video_problems
 
 __all__ = ["Report", "SplitReport", "check_before_training", "check_data", "check_source", "discover"]
 
