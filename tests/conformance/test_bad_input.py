@@ -146,6 +146,7 @@ _RSS_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_forged_header_memory_stays_bounded(framework, corpus, tiny_classification, tmp_path):
     """A header that claims 30000x30000 (2.5 GiB of pixels) is refused from the header: the

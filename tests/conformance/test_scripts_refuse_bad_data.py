@@ -76,6 +76,7 @@ def test_script_refuses_the_bad_file_then_trains_with_the_exclusion_list(framewo
     assert "excluded 1 of 13 samples" in trained.stdout + trained.stderr  # said, never silent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", SCRIPTS)
 def test_script_asks_for_num_classes_where_the_records_do_not_say(framework, tiny_classification, tmp_path):
     """TFRecord files without label metadata: one line naming the data and ``--num-classes`` (exit 2),

@@ -24,6 +24,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "2"}
 
 
+@pytest.mark.slow
 def test_loss_falls_on_dali_batches(mini_detection):
     """Eight SGD steps on one DALI batch of 4 (ResNet-18 SSD300, random init): the loss must at
     least halve. (The full CPU run below is too short to move mAP; see the GPU test for that.)"""

@@ -59,6 +59,7 @@ print(json.dumps(sorted(seen)))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dali-worker", "dataloader-worker"])
 def test_forked_worker_survives_a_dead_pipeline_in_the_parent(kind, indexed_val_source, tmp_path):
     """CI regression (dali-worker): the worker's garbage collection ran ``Pipeline.__del__`` on a
