@@ -128,9 +128,9 @@ def decimal_text_to_int(text, *, max_bytes: int = MAX_LABEL_TEXT_BYTES):
     Vectorised over the first ``max_bytes`` bytes (spaces past the end): each digit's value by a
     lookup table, times 10 to the power of its distance from the last digit (that distance is the
     number of digits after it, as the checker allows no gap between digits), summed: about 12 CPU
-    operators a sample. The Horner loop over the characters that this replaces ran about 120 and
-    cost more than the tar reading itself (``python -m benchmarks.loader_formats`` on the H100:
-    WebDataset shards 5,114 img/s with it, 20,911 with this, the same JPEGs as files 19,018)."""
+    operators a sample, where a Horner loop over the characters runs about 120 and costs more than
+    reading the tar itself (``python -m benchmarks.loader_formats`` compares WebDataset shards with
+    the same JPEGs as files: docs/benchmarks.md#loader-formats)."""
     import numpy as np
     import nvidia.dali.math as dmath
     from nvidia.dali import fn, types

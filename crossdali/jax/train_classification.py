@@ -110,11 +110,10 @@ def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
                     steps: StepLog) -> tuple[TrainState, dict[str, float]]:
     """One epoch of ``train_step``. The host reads each step's loss after dispatching the next step:
     JAX waits for that step's result only, so the GPU has a step queued while the host fetches the
-    next batch (reading it right away would leave the GPU idle for every fetch, as the loop before
-    2026-11-27 did; that cost was not timed). The learning rates come from the host's step count,
-    computed on the CPU once an epoch: ``schedule(state.step)`` per step would run behind the queued
-    step on the GPU and wait for it. Step times tile the epoch, from one dispatch to the next (the last
-    step's until its result is ready)."""
+    next batch (reading it right away would leave the GPU idle for every fetch). The learning rates
+    come from the host's step count, computed on the CPU once an epoch: ``schedule(state.step)`` per
+    step would run behind the queued step on the GPU and wait for it. Step times tile the epoch, from
+    one dispatch to the next (the last step's until its result is ready)."""
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     first = int(state.step)  # the previous epoch is finished here: nothing is waited for
     with jax.default_device(jax.devices("cpu")[0]):

@@ -58,7 +58,7 @@ def require_mxnet_gpu(backend: str) -> None:
     if backend == "dali-gpu" and mx.context.num_gpus() == 0:
         raise RuntimeError("--data-backend dali-gpu needs MXNet built with CUDA and a visible GPU; this MXNet sees "
                            "none (the PyPI `mxnet` wheel is CPU-only; the CUDA builds, mxnet-cu112/cu117, run on GPUs "
-                           "up to sm_86, not on an H100: see docs/mxnet.md). Use --data-backend dali-cpu")
+                           "up to sm_86, not on Hopper or newer: see docs/mxnet.md). Use --data-backend dali-cpu")
 
 
 class _EpochIter(mx.io.DataIter):

@@ -146,13 +146,25 @@ def create_detection_loader(
     debug: bool = False,
     checkpointing: bool = True,
 ):
-    """An iterable of SSD300 train or val batches (see the module docstring) over a COCO-format folder.
+    """PyTorch SSD300 train or val batches (see the module docstring) over a COCO-format dataset.
 
-    ``data`` is a folder with ``annotations/instances_{train,val}.json`` and ``{train,val}/`` (or a
-    resolved ``DetectionSource``). ``dist`` shards by the global rank; ``workers`` is DALI's thread
-    count or the DataLoader's worker count. The result has ``len()``, ``batch_size``, ``num_classes``
-    and ``source``. ``debug`` (DALI train only) adds ``DEBUG_OUTPUTS`` to each batch. ``checkpointing``
-    lets ``state_dict()`` save DALI's position inside an epoch.
+    Returns a loader with ``len()``, ``batch_size``, ``num_classes`` and ``source``.
+
+    Args:
+        data: a folder with ``annotations/instances_{train,val}.json`` and ``{train,val}/``, or a
+            resolved ``DetectionSource``.
+        train: the train split (SSD augmentation, encoded boxes) or val (resize, raw boxes, image ids).
+        backend: ``dali-gpu``, ``dali-cpu`` or ``native`` (torchvision transforms in a DataLoader).
+        batch_size: images per batch on this rank.
+        workers: DALI's threads, or the DataLoader's worker processes (``native``).
+        seed: shuffle and augmentation seed.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        hw_decoder_load: share of the JPEGs sent to the GPU's hardware JPEG decoder, where it has one.
+        transform: the augmentation ranges (default: SSD300's, ``DetectionTransform()``).
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        debug: DALI train only: add ``DEBUG_OUTPUTS`` (the random parameters) to each batch.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,
                          source_type=DetectionSource, resolve=resolve_detection_source, batch_size=batch_size,

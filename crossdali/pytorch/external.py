@@ -51,19 +51,34 @@ def create_external_source_loader(
     multi_label: bool = False,
     channels_last: bool = False,
 ) -> ExternalSourceLoader:
-    """``(images, labels)`` batches (float NCHW, int64) from a Python source of ``(encoded bytes, label)``.
+    """PyTorch ``(images, labels)`` batches (float NCHW, int64) from a Python source of
+    ``(encoded bytes, label)``, decoded and augmented by DALI.
 
-    ``source``: a dataset with ``len`` and ``[i]``, a function ``fn(i)`` (with ``num_samples``), an
-    iterable (e.g. a Squirrel stream: ``crossdali.common.squirrel.SquirrelSource``) or a generator
-    function. ``train`` picks crossdali's train or val transform and the epoch rule; ``dist``
-    shards by the global rank (default: one process); ``workers`` is DALI's thread count;
-    ``feed`` sets DALI's Python workers (``ExternalSourceOptions(parallel=True)``), batched
-    streams and stream sharding (``py_start_method='auto'``: fork, or spawn once CUDA is
-    initialised in this process). ``checkpointing`` lets ``state_dict()`` resume mid-epoch.
-    ``multi_label``: each sample's label is a list of class indices; labels come out as
-    ``(N, num_classes)`` float32 multi-hot (see ``create_multilabel_loader`` for list files).
-    ``channels_last``: the images in torch's channels-last memory format, as in
-    ``crossdali.pytorch.create_classification_loader``.
+    Args:
+        source: a dataset with ``len`` and ``[i]``, a function ``fn(i)`` (with ``num_samples``), an
+            iterable (e.g. a Squirrel stream, ``crossdali.common.squirrel.SquirrelSource``) or a
+            generator function.
+        train: crossdali's train or val transform, and the epoch rule that goes with it.
+        backend: ``dali-gpu`` or ``dali-cpu``.
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        num_samples: the dataset's length where ``source`` does not say it (a function, a stream).
+        num_classes: the class count where the labels do not show it.
+        workers: DALI's threads.
+        seed: shuffle and augmentation seed.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` images.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: let ``state_dict()`` resume mid-epoch.
+        feed: DALI's Python workers (``ExternalSourceOptions(parallel=True)``), batched streams and
+            stream sharding (``py_start_method='auto'``: fork, or spawn once CUDA is initialised in
+            this process).
+        name: how logs and errors name the source (default: its own short repr or its type).
+        multi_label: each sample's label is a list of class indices; labels come out as
+            ``(N, num_classes)`` float32 multi-hot (``create_multilabel_loader`` reads list files).
+        channels_last: the images in torch's channels-last memory format, as in
+            ``crossdali.pytorch.create_classification_loader``.
     """
     feed = feed or ExternalSourceOptions()
     if feed.py_start_method == "auto":

@@ -153,9 +153,8 @@ class SyntheticBatches:
     """One batch of tensors, repeated: the upper bound a training loop reaches with free input
     (``--data-backend synthetic``), with the loader contract of the real loaders. ``sizes`` are the
     batch sizes of an epoch (``crossdali.common.loading.epochs.batch_sizes``: the data loaders' own, short last
-    batch included, so its epoch has the same steps as theirs; measured: the 3-image step a bench-set
-    epoch ends with put dali-gpu at 90.7 % of always-full synthetic batches against 93.0 % with every
-    batch full, results/classification/train_rounds_{partial,drop}_run2_2026-11-26.json)."""
+    batch included, so its epoch has the same steps as theirs: a short last step costs a run its
+    share of the speed, so a comparison against always-full batches would flatter synthetic data)."""
 
     def __init__(self, batch: tuple[torch.Tensor, ...], *, sizes: list[int], num_classes: int) -> None:
         self.batch, self.batch_size, self.num_classes = batch, batch[0].shape[0], num_classes
@@ -217,28 +216,41 @@ def create_classification_loader(
     prefetch_queue_depth: int = 2,
     channels_last: bool = False,
 ):
-    """An iterable of ``(images, labels)`` for the train or val split of ``data``.
+    """PyTorch ``(images, labels)`` batches of the train or val split of ``data``, from any backend.
 
-    ``data`` is a dataset folder (ImageFolder with train/ and val/, or TFRecord / RecordIO / file
-    list, see ``crossdali.common.data.sources.resolve_source``) or an already resolved ``DataSource``.
-    ``workers`` is DALI's thread count or the DataLoader's worker count. ``dist`` shards by the
-    global rank (default: one process). ``device_id`` is the GPU for ``dali-gpu`` (default: the
-    local rank). ``last_batch`` overrides the epoch rule ('partial' | 'drop'). ``checkpointing``
-    lets ``state_dict()`` save DALI's position inside an epoch (mid-epoch resume). ``pipelines``
-    (DALI backends): this rank's shard split over that many pipelines merged into each batch, as in
-    ``crossdali.pytorch.create_video_loader``. On an H100 (``benchmarks/classification_loaders.py``,
-    README) 2 ``dali-gpu`` pipelines gave 10.5-11.9x the ``native`` loader against one's 8.3-9.1x: use 2
-    where the loader is the bottleneck; 1 stays the default, since training ResNet-50 with 2 ran at
-    95.3 % of synthetic-data speed against 96.5 % with 1 (H100, 2026-11-27; the cause was not
-    profiled), and a mid-epoch checkpoint resumes only with the pipeline count it was saved with. ``prefetch_queue_depth``
-    (DALI backends): batches DALI prepares ahead of the one in use (DALI's default, 2); it never
-    changes the batches, only how much jitter in DALI's speed the queue absorbs. ``dtype`` ('float32'
-    or 'float16'): the images' type, in every backend. ``channels_last``: the images in torch's
-    channels-last memory format (same shape and values; ``images.is_contiguous(memory_format=
-    torch.channels_last)``), what a model converted with ``model.to(memory_format=torch.channels_last)``
-    computes in: DALI writes NHWC and the batch is its view, so no copy is made on the GPU per step
-    (which bought ResNet-50 training no speed on an H100, so the training script keeps NCHW batches:
-    README, classification training). The result implements ``crossdali.common.loading.loaders.Loader``.
+    Every backend follows the epoch rule of ``crossdali.common.loading.epochs`` and returns a
+    ``crossdali.common.loading.loaders.Loader``; images are ``(N, 3, H, W)`` float, labels ``(N,)`` int64.
+
+    Args:
+        data: a dataset folder (ImageFolder with ``train/`` and ``val/``, TFRecord, RecordIO,
+            WebDataset or a file list; see ``crossdali.common.data.sources.resolve_source``) or an
+            already resolved ``DataSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once).
+        backend: ``dali-gpu``, ``dali-cpu``, ``native`` (torchvision and a DataLoader) or ``synthetic``.
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        workers: DALI's threads, or the DataLoader's worker processes (``native``).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        data_format: ``auto`` or one of the layouts ``resolve_source`` reads.
+        dtype: ``float32`` or ``float16`` images, in every backend.
+        hw_decoder_load: share of the JPEGs sent to the GPU's hardware JPEG decoder, where it has one.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
+        pipelines: DALI backends: this rank's shard split over that many pipelines merged into each
+            batch, as in ``crossdali.pytorch.create_video_loader``. More than one helps where the loader
+            is the bottleneck; 1 stays the default because the model then gets more of the GPU
+            (docs/benchmarks.md#classification-loaders). A mid-epoch checkpoint resumes only with the
+            count it was saved with.
+        prefetch_queue_depth: DALI backends: batches prepared ahead of the one in use (DALI's default,
+            2). It changes how much jitter in DALI's speed the queue absorbs, never the batches.
+        channels_last: the images in torch's channels-last memory format (same shape and values), what
+            a model converted with ``model.to(memory_format=torch.channels_last)`` computes in. DALI
+            writes NHWC and the batch is its view, so no copy is made.
+
+    Returns:
+        A ``Loader``: ``for images, labels in loader`` is one epoch, the next ``for`` the next one.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),

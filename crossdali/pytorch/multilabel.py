@@ -33,14 +33,27 @@ def create_multilabel_loader(
     exclude=None,
     channels_last: bool = False,
 ) -> ExternalSourceLoader:
-    """``(images, labels)`` for the train or val split of a multi-label list: float NCHW images
-    (crossdali's train or val transform) and ``(N, classes)`` float32 multi-hot labels.
+    """PyTorch ``(images, labels)`` batches of the train or val split of a multi-label list: float
+    NCHW images (crossdali's train or val transform) and ``(N, classes)`` float32 multi-hot labels.
+    Every sample once per epoch across the shards, reshuffled every training epoch.
 
-    ``data``: a folder with ``train.txt``/``val.txt`` (or ``.csv``), a list file, or a resolved
-    ``MultiLabelSource``. ``py_workers``: DALI's Python worker processes reading the files (0:
-    read in this process); ``workers``: DALI's threads. Every sample once per epoch across the ``dist`` shards, reshuffled
-    every training epoch; ``checkpointing`` makes ``state_dict()`` resume mid-epoch. ``channels_last``:
-    the images in torch's channels-last memory format (``create_classification_loader``).
+    Args:
+        data: a folder with ``train.txt``/``val.txt`` (or ``.csv``), a list file, or a resolved
+            ``MultiLabelSource``.
+        train: the train split (shuffled, augmented) or val.
+        backend: ``dali-gpu`` or ``dali-cpu``.
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        workers: DALI's threads.
+        py_workers: DALI's Python worker processes reading the files (0: read in this process).
+        seed: shuffle and augmentation seed.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` images.
+        checkpointing: let ``state_dict()`` resume mid-epoch.
+        exclude: an exclusion list (``crossdali check`` writes one) or sample ids to leave out.
+        channels_last: the images in torch's channels-last memory format
+            (``create_classification_loader``).
     """
     source, kwargs = multilabel_loader_args(data, train=train, py_workers=py_workers, exclude=exclude)
     return create_external_source_loader(

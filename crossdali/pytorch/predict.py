@@ -133,7 +133,19 @@ def _encoded(item: str | Path | bytes | EncodedImage, index: int) -> EncodedImag
 class Predictor:
     """A model and a long-lived DALI inference pipeline (val transform; DALI's GPU decoder when the
     model runs on CUDA). ``predict`` runs lists in batches of up to ``max_batch_size``;
-    ``submit`` queues one image from any thread and batches whatever is waiting."""
+    ``submit`` queues one image from any thread and batches whatever is waiting.
+    ``Predictor.from_checkpoint(path)`` builds one from a training run's checkpoint.
+
+    Args:
+        model: the classifier; moved to ``device`` (a copy, if its weights live on another device).
+        crop_size: side of the square images the model takes.
+        class_names: the name of each output class, in order.
+        resize_size: shorter side before the centre crop (default: the val transform's, from
+            ``crop_size``).
+        device: where the model runs (default: the current CUDA GPU if there is one, else the CPU).
+        max_batch_size: the most images per model call.
+        workers: DALI's threads.
+    """
 
     def __init__(self, model: torch.nn.Module, *, crop_size: int, class_names: Sequence[str],
                  resize_size: int | None = None, device: str | torch.device | None = None,
@@ -150,8 +162,8 @@ class Predictor:
         first = next(model.parameters(), None)
         if first is not None and first.device != self.device:
             # .to() moves a module in place: a model shared with another Predictor (or the caller's own
-            # code) on another device would be moved under it (found on the H100: a CPU Predictor built
-            # after a CUDA one pulled the shared weights back to the CPU)
+            # code) on another device would be moved under it (a CPU Predictor built after a CUDA one
+            # would pull the shared weights back to the CPU)
             model = copy.deepcopy(model)
         self.model = model.to(self.device).eval()
         self.class_names, self.max_batch_size = list(class_names), max_batch_size

@@ -46,7 +46,6 @@ from crossdali.pytorch.training import (
     evaluate_multilabel,
     graph_model,
     load_checkpoint,
-    model_stream,
     resolve_cuda_graphs,
     seed_everything,
     start_run,
@@ -117,9 +116,8 @@ def load_data(args, runtime: Runtime, backend: str):
                   seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank,
                   dtype="float32", hw_decoder_load=args.hw_decoder_load)
     # NCHW batches, copied to channels-last on the GPU each step under --channels-last, not the loaders'
-    # channels_last view of DALI's NHWC output: on an H100 (2026-11-27, `BASE=<a614e03 tree> bash
-    # benchmarks/gpu_session.sh trainhalf`, ResNet-50 AMP, alternating) the view gave dali-gpu 96.2 and 94.8 %
-    # of synthetic speed where these batches gave 97.0 and 97.7 % (with float16 too: 96.2 against 96.4 %)
+    # channels_last view of DALI's NHWC output: the view trained ResNet-50 no faster, and somewhat slower
+    # in side-by-side runs (docs/benchmarks.md#training-speed)
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_source(data, "train", **check)
     val_src = resolve_source(data, "val", **check)
@@ -138,8 +136,7 @@ def load_data(args, runtime: Runtime, backend: str):
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
-    with training_session(engine=args.engine, debug=args.debug) as (runtime, stop), \
-            model_stream(runtime, args.model_stream):
+    with training_session(engine=args.engine, debug=args.debug) as (runtime, stop):
         return _train(args, runtime, stop)
 
 
@@ -165,7 +162,7 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     r = start_run(args, runtime, model, train_loader, task="classification", metric=metric, ckpt=ckpt, backend=backend,
                   num_classes=num_classes, class_names=class_names, reference_batch=256,
                   meta={"multi_label": args.multi_label},
-                  start={"pipelines": args.pipelines, "model_stream": args.model_stream, "cuda_graphs": cuda_graphs,
+                  start={"pipelines": args.pipelines, "cuda_graphs": cuda_graphs,
                          **defaults.record()})
 
     if args.test_only:

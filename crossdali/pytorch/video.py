@@ -42,35 +42,48 @@ def create_video_loader(
     pipelines: int | None = None,
     clips_per_read: int = 1,
 ) -> DALILoader:
-    """An iterable of ``(clips, labels)`` for the train or val split of ``data``.
+    """PyTorch ``(clips, labels)`` batches of the train or val split of a video dataset.
 
-    ``data``: a folder with ``<split>.txt`` file lists or ``<split>/<class>/<video>``, a file list,
-    or a resolved ``DataSource``. ``sequence_length`` frames per clip, ``stride`` frames apart, a
-    new clip every ``step`` frames (default ``sequence_length * stride``). ``dist`` shards by the
-    global rank. ``validate`` probes every file first (codec, constant frame rate, length) so a bad
-    file fails with its name and the fix instead of being skipped. The result has ``len()``
-    (batches per epoch), ``num_samples`` (clips), ``batch_size`` and ``num_classes``; ``checkpointing`` lets
-    ``state_dict()`` save DALI's position inside an epoch.
+    Returns a ``DALILoader`` with ``len()`` (batches per epoch), ``num_samples`` (clips),
+    ``batch_size`` and ``num_classes``; clips ``(N, C, F, H, W)`` float (``layout="NCFHW"``) or
+    ``(N, F, H, W, C)``, labels ``(N,)`` int64.
 
-    ``pipelines``: DALI pipelines in this process, each reading its own part of this rank's shard
-    with ``batch_size / pipelines`` clips per step (``workers`` threads each), merged into one batch;
-    an epoch still has every clip once. ``None``: 1 on the CPU, on the GPU the largest divisor of
-    ``batch_size`` up to 14 in training, 7 for val (one reader leaves NVDEC mostly idle: on the H100,
-    1080p H.264 in training's order, 1 pipeline read 306 frames/s, 4 1,082, 7 1,759-1,908, 14
-    2,196-2,205; see ``crossdali.common.video``). The clip
-    order and augmentation differ between values (other shards, other seeds), and a ``state_dict``
-    resumes only into a loader with the same ``pipelines``.
-
-    ``clips_per_read`` (train only): DALI reads that many consecutive clips as one sequence and hands
-    them out as separate clips, so a file's frames are decoded once for all of them instead of once per
-    clip from the key frame before it. Worth it where key frames are further apart than a clip: with a
-    key frame every ``clips_per_read * sequence_length * stride`` frames every read starts on one. The
-    price: the clips of one read share their crop and flip and arrive in the same batch (the reads
-    are shuffled, the clips within one are not), and a file's last clips that do not fill a read are
-    not read (the loader logs how many). ``batch_size`` must be a multiple of it, and ``pipelines=None``
-    then divides the reads per step. Measured on the H100 (1080p H.264, a key
-    frame every 48 frames, 16-frame clips shuffled; ``crossdali.common.video``): 1,748-1,755 frames/s one
-    clip at a time, 4,598-4,601 with 3 clips per read and 14 pipelines, ahead of PyNvVideoCodec's 4,443-4,459.
+    Args:
+        data: a folder with ``<split>.txt`` file lists or ``<split>/<class>/<video>``, a file list,
+            or a resolved ``DataSource``.
+        train: the train split (clips shuffled, random crop and flip) or val (every clip once).
+        backend: ``dali-gpu`` (NVDEC) or ``dali-cpu`` (FFmpeg; VP8/VP9/MJPEG only).
+        batch_size: clips per batch on this rank.
+        sequence_length: frames per clip.
+        stride: distance between the frames of a clip.
+        step: distance between the first frames of consecutive clips (default
+            ``sequence_length * stride``: clips touch without overlapping).
+        crop_size: side of the square output frames.
+        hflip: mirror probability in training (0 for labels a flip changes).
+        layout: ``NCFHW`` or ``NFHWC``.
+        workers: DALI's threads per pipeline.
+        seed: shuffle and augmentation seed.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` clips.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        with_frame_num: add each clip's first frame number as a third output.
+        validate: probe every file first (codec, constant frame rate, length), so a bad file fails
+            with its name and the fix instead of being skipped.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch.
+        pipelines: DALI pipelines in this process, each reading its own part of this rank's shard
+            with ``batch_size / pipelines`` clips per step, merged into one batch; an epoch still has
+            every clip once. ``None``: 1 on the CPU; on the GPU the largest divisor of ``batch_size``
+            up to ``crossdali.common.video.GPU_TRAIN_PIPELINES`` in training and
+            ``GPU_VIDEO_PIPELINES`` for val, since one reader leaves NVDEC mostly idle
+            (docs/benchmarks.md#video-decoding). The clip order and augmentation differ between
+            values, and a ``state_dict`` resumes only into a loader with the same count.
+        clips_per_read: train only: DALI reads that many consecutive clips as one sequence and hands
+            them out as separate clips, so a file's frames are decoded once for all of them instead
+            of once per clip from the key frame before it. Worth it where key frames are further
+            apart than a clip (docs/benchmarks.md#video-decoding). The clips of one read share their
+            crop and flip and arrive in the same batch; a file's last clips that do not fill a read
+            are not read (the loader logs how many). ``batch_size`` must be a multiple of it.
     """
     split = plan_video_split(data, train=train, backend=backend, batch_size=batch_size, sequence_length=sequence_length,
                              stride=stride, step=step, crop_size=crop_size, hflip=hflip, layout=layout, dtype=dtype,

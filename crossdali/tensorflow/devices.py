@@ -2,8 +2,8 @@
 
 TensorFlow reserves nearly all memory of a GPU the first time it touches it. DALI's decoders
 (nvJPEG, the hardware JPEG decoder, NVDEC) allocate their own memory afterwards and then fail:
-on an H100 with TF 2.21 the hardware JPEG decoder reported ``nvjpeg error #5`` and DALI fell back
-to the slower CUDA decoder without saying so. Memory growth (TF takes memory as it needs it) can
+with TF 2.21 the hardware JPEG decoder reports ``nvjpeg error #5`` and DALI falls back to the
+slower CUDA decoder without saying so. Memory growth (TF takes memory as it needs it) can
 only be turned on before TF initialises its GPUs, so the ``dali-gpu`` loader factories and the
 train script turn it on first thing.
 """

@@ -157,10 +157,9 @@ def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runt
 
     ``fetch_ahead_batches`` > 0: a background thread fetches the batches (``--fetch-ahead``).
     ``DALIDataset``'s next() copies the batch on TensorFlow's compute stream and waits for that
-    stream, so fetched here it waits for the step already queued (37 ms of a 55 ms step when tried on
-    an H100, 2026-11-27) or, after the loss is read, leaves the GPU idle while it runs; from the
-    thread it waits beside the step (the same H100, ResNet-50 with ``dali-gpu``: 4,687 images/s with
-    the thread against 4,484 without, one run; README, TensorFlow training)."""
+    stream, so fetched here it waits for the step already queued (most of a ResNet-50 step) or, after
+    the loss is read, leaves the GPU idle while it runs; from the thread it waits beside the step
+    (docs/benchmarks.md#training-speed)."""
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     start = time.perf_counter()
     total = len(loader)  # before the thread starts taking batches
@@ -360,8 +359,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     metrics = open_metrics(run_dir, continuing=args.resume is not None, enabled=runtime.dist.is_main)
     log.info("outputs: %s", run_dir)
     jit_compile = resolve_jit_compile(args.jit_compile, on_gpu=on_gpu, runtime=runtime)
-    log.info("train step: %s", "XLA (--jit-compile; the first step of each batch shape compiles it, about 2 minutes "
-             "for ResNet-50 on an H100)" if jit_compile else "tf.function without XLA (--jit-compile)")
+    log.info("train step: %s", "XLA (--jit-compile; the first step of each batch shape compiles it, minutes "
+             "for ResNet-50)" if jit_compile else "tf.function without XLA (--jit-compile)")
     metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
                   epochs=args.epochs, jit_compile=jit_compile, **defaults.record())

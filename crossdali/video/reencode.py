@@ -10,9 +10,9 @@ seconds (as ffmpeg's ``fps`` filter does): frames are repeated or dropped, never
 
 ``--key-every N`` puts a key frame at every N-th frame and nowhere else (no extra ones at scene
 cuts, which would shift the rest). Why: DALI's reader decodes each shuffled clip from the key frame
-before it; with a key frame at every clip start (N = the clip step) crossdali's loader read 3,016
-1080p frames/s on an H100 against 1,759 with one every 48 frames, for about twice the bitrate
-(README, "Video decoding"). Uses PyAV (``pip install av``), so no ffmpeg binary is needed.
+before it; with a key frame at every clip start (N = the clip step) each clip decodes from its own
+first frame, which reads shuffled clips much faster for about twice the bitrate
+(docs/benchmarks.md#video-decoding). Uses PyAV (``pip install av``), so no ffmpeg binary is needed.
 """
 
 from __future__ import annotations

@@ -27,13 +27,9 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
 #: --jit-compile (XLA for the train step) is TensorFlow's only: the JAX script always compiles its step with
 #: XLA, and PyTorch's and MXNet's have no XLA; --fetch-ahead (a thread fetching the batches) is TensorFlow's
 #: only: DALIDataset's next() waits for TensorFlow's compute stream, where DALI's PyTorch, MXNet and JAX
-#: iterators hand over batches without waiting for the running step; --model-stream (the model's kernels on a
-#: CUDA stream of the highest priority) is PyTorch's only: Keras, XLA and MXNet queue the model's kernels on
-#: streams of their own that a script does not choose; --steps-ahead (how many steps late the loss is read)
-#: is PyTorch's only: the other scripts read each step's loss through their framework's own loop;
-#: --cuda-graphs is PyTorch's only: XLA (TensorFlow's --jit-compile, JAX) and MXNet's symbolic graphs launch
-#: a step their own way
-ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--model-stream", "--steps-ahead", "--cuda-graphs"},
+#: iterators hand over batches without waiting for the running step; --cuda-graphs is PyTorch's only: XLA
+#: (TensorFlow's --jit-compile, JAX) and MXNet's symbolic graphs launch a step their own way
+ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--cuda-graphs"},
                                 "tensorflow": {"--jit-compile", "--fetch-ahead"}}
 
 

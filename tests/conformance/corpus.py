@@ -47,7 +47,7 @@ def header_segments(jpeg: bytes) -> list[tuple[int, int, int]]:
 
 def _without_dqt(jpeg: bytes) -> bytes:
     """A JPEG with no quantisation table: libjpeg-turbo refuses it, and so does the fast pass's
-    marker walk (a GPU full pass let one through in a test session on the H100)."""
+    marker walk (a GPU full pass can let one through: nvJPEG may decode it without an error)."""
     kept = b"".join(jpeg[a:b] for m, a, b in header_segments(jpeg)[:-1] if m != 0xDB)
     return jpeg[:2] + kept + jpeg[header_segments(jpeg)[-1][1]:]
 

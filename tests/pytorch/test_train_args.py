@@ -114,13 +114,11 @@ def test_pipelines_needs_a_dali_backend_and_a_batch_it_divides(tmp_path, data_ro
 
 
 @pytest.mark.parametrize("flag, message", [
-    (["--model-stream", "high"], "--model-stream high: the model runs on the cpu here, and stream priorities are "
-                                 "CUDA's; leave --model-stream out"),
     (["--cuda-graphs", "on"], "--cuda-graphs on: the model runs on the cpu here, and CUDA graphs are CUDA's; leave "
                               "--cuda-graphs out"),
-], ids=["model-stream", "cuda-graphs"])
+], ids=["cuda-graphs"])
 def test_cuda_only_flags_need_a_cuda_gpu(tmp_path, flag, message):
-    """--model-stream high or --cuda-graphs on, on a machine without CUDA: one line naming the flag and the fix,
+    """--cuda-graphs on, on a machine without CUDA: one line naming the flag and the fix,
     exit 2, before any data is read or any run folder made (on the GPU the script trains with them: README;
     the graphs' GPU tests: tests/pytorch/test_training.py, -m gpu)."""
     torch = pytest.importorskip("torch")

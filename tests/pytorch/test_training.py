@@ -221,10 +221,9 @@ def test_a_diverged_run_stops_with_one_line_naming_the_learning_rate(tmp_path):
     assert not (tmp_path / "checkpoint_last.pth").exists()  # a diverged state is not saved over the last good one
 
 
-@pytest.mark.parametrize("ahead", [1, 2])
-def test_a_step_is_recorded_steps_ahead_late_and_read_before_every_checkpoint(tmp_path, ahead):
-    """The host reads a step's loss while the next ``ahead`` steps run (StepTracker): after step k only
-    steps 1..k-ahead are in metrics.jsonl, except where a checkpoint is due, which first reads every
+def test_a_step_is_recorded_a_step_late_and_read_before_every_checkpoint(tmp_path):
+    """The host reads a step's loss while the next step runs (StepTracker): after step k only
+    steps 1..k-1 are in metrics.jsonl, except where a checkpoint is due, which first reads every
     pending step, so the saved sums hold them all; the epoch's end reads the last ones. Records keep
     the losses, in order."""
     import json
@@ -237,8 +236,7 @@ def test_a_step_is_recorded_steps_ahead_late_and_read_before_every_checkpoint(tm
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler,
                        amp=MixedPrecision(enabled=False, runtime=CPU), loader=batches)
     tracker = StepTracker(state, runtime=CPU, checkpointer=Checkpointer(tmp_path, runtime=CPU, meta={}, metric=None),
-                          metrics=MetricsWriter(tmp_path), stop=StopRequest(), epochs=1, checkpoint_every=3, print_freq=0,
-                          steps_ahead=ahead)
+                          metrics=MetricsWriter(tmp_path), stop=StopRequest(), epochs=1, checkpoint_every=3, print_freq=0)
 
     def written() -> list[dict]:
         return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] \
@@ -251,7 +249,7 @@ def test_a_step_is_recorded_steps_ahead_late_and_read_before_every_checkpoint(tm
         state.amp.backward_step(loss, optimizer)
         scheduler.step()
         tracker.step_done(loss, x.shape[0])
-        last = k if k == 3 else max(k - ahead, 3 if k > 3 else 0)  # the checkpoint after step 3 read steps 1-3
+        last = k if k == 3 else max(k - 1, 3 if k > 3 else 0)  # the checkpoint after step 3 read steps 1-3
         assert [r["step"] for r in written()] == list(range(1, last + 1)), k
         if k == 3:
             saved = torch.load(tmp_path / "checkpoint_last.pth", weights_only=True)

@@ -110,8 +110,8 @@ def sniff_image_bytes(head: bytes) -> str | None:
 
 
 def check_image_headers(files: list[str] | tuple[str, ...], *, threads: int = 16) -> None:
-    """Raise ``DataError`` naming the files whose content DALI cannot decode (kept for callers of
-    the first version: ``validate_files`` is the full fast pass)."""
+    """Raise ``DataError`` naming the files whose content DALI cannot decode: ``validate_files``
+    with no dataset root, for a plain list of files."""
     validate_files(files, root=None, where="the given files")
 
 

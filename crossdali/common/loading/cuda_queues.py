@@ -3,12 +3,10 @@
 CUDA maps a process's streams onto ``CUDA_DEVICE_MAX_CONNECTIONS`` hardware queues (8 unless set).
 A ``dali-gpu`` pipeline runs on about 16 streams (nvJPEG's, the resize's, the copies'), so some of
 them share a queue with the model's stream and wait behind its kernels even when SMs are free: DALI
-then falls behind a model that keeps the GPU busy. Measured on one H100 (``python -m
-benchmarks.classification_loaders --cuda-queues 32|unset --skip-loader --train-loop scaler,fused ...``,
-phase ``trainfix`` of ``benchmarks/gpu_session.sh``; results/classification/train_fix_queues_*): ResNet-50
-AMP fed by ``dali-gpu`` with fused SGD trained at 93.2 % of synthetic-data speed with 8 queues and
-97.0 % with 32 (data wait 15-16 % of the step -> 1.5-1.8 %); with plain SGD 89.8 % -> 94.3 %. JAX's
-script (flax ResNet-50 bfloat16, phase ``trainjax8``): 84.3 % with 8, 97.4 % with 32.
+then falls behind a model that keeps the GPU busy. With 32 queues each stream has its own, and the
+data wait of ResNet-50 training fed by ``dali-gpu`` nearly vanishes, in PyTorch and JAX alike
+(docs/benchmarks.md#training-speed; ``python -m benchmarks.classification_loaders --cuda-queues 32|unset``
+reruns the comparison).
 
 CUDA reads the variable when it creates its context, so it must be set before the first CUDA call.
 Nothing here imports a framework.
@@ -42,5 +40,5 @@ def queues_hint() -> str | None:
     if os.environ.get(VARIABLE):
         return None
     return (f"{VARIABLE} is unset, so DALI's GPU streams share CUDA's 8 hardware queues with the model's and can "
-            f"fall behind it; `export {VARIABLE}={QUEUES}` before the script starts CUDA (measured on an H100: "
-            "ResNet-50 training 93 % -> 97 % of synthetic-data speed; crossdali's training scripts set it)")
+            f"fall behind it; `export {VARIABLE}={QUEUES}` before the script starts CUDA (docs/benchmarks.md#training-speed; "
+            "crossdali's training scripts set it)")

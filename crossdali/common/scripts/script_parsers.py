@@ -61,24 +61,15 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--pipelines", type=positive_int, default=1,
                         help="DALI pipelines per process, each decoding its own part of the shard (batch-size / "
                              "pipelines images each per step; the batch size must divide by it; DALI backends, not "
-                             "--multi-label). On an H100, 2 dali-gpu pipelines loaded 10.5-11.9x the native loader "
-                             "against one's 8.3-9.1x, but trained ResNet-50 1 point slower (README): use 2 where the "
-                             "loader is the bottleneck. --resume needs the count the checkpoint was saved with")
-    parser.add_argument("--model-stream", choices=("default", "high"), default="default",
-                        help="CUDA stream of the model's kernels. high: the highest priority, so that DALI's GPU "
-                             "decoding waits for the model's kernels when both are ready. On an H100 (ResNet-50 AMP) "
-                             "it made no difference beyond the rounds' spread (README, 2026-11-28)")
+                             "--multi-label). 2 load faster where the loader is the bottleneck, but leave the model "
+                             "less of the GPU (docs/benchmarks.md#classification-loaders). --resume needs the count "
+                             "the checkpoint was saved with")
     parser.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
                         help="capture the model's training forward and backward as CUDA graphs, so that the host "
-                             "launches a step in a few calls. auto: on where one process trains on a CUDA GPU (on an "
-                             "H100, ResNet-50 AMP with dali-gpu: 96.2 -> 97.6 %% of synthetic speed; README, 2026-11-28). "
+                             "launches a step in a few calls. auto: on where one process trains on a CUDA GPU "
+                             "(docs/benchmarks.md#training-speed). "
                              "An epoch's short last batch runs eagerly, beside the graphs' memory: off where a run "
                              "only just fits, or for a model that cannot be captured (the run says so)")
-    parser.add_argument("--steps-ahead", type=positive_int, default=1, metavar="N",
-                        help="steps the host may queue beyond the GPU's: each step's loss is read N steps late. "
-                             "Where the host launches a step much faster than the GPU runs it, a host stall (the "
-                             "loader, Python) shorter than that lead leaves the GPU busy. On an H100 (ResNet-50 AMP) "
-                             "the host got no further ahead with 2 than with 1 (README, 2026-11-28)")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, amp_default=None, channels_last=True,
                  channels_last_default=None, checkpoint_every=True, run_dir=True, debug=True,
                  engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
@@ -110,8 +101,8 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--fetch-ahead", type=non_negative_int, default=1, metavar="N",
                         help="batches a background thread fetches ahead of the train step (0: the loop fetches each "
                              "batch after reading the last step's loss). DALIDataset's next() waits for the step "
-                             "queued on TensorFlow's stream; from the thread it waits beside it (dali-gpu ResNet-50 "
-                             "on an H100: 4,687 against 4,484 images/s with 0)")
+                             "queued on TensorFlow's stream; from the thread it waits beside it "
+                             "(docs/benchmarks.md#training-speed)")
     add_multi_label_arg(parser)
     return parser
 

@@ -34,7 +34,6 @@ from crossdali.pytorch.training.session import (
     agree_run_dir,
     build_on_rank0,
     choose_backend,
-    model_stream,
     seed_everything,
     training_session,
 )
@@ -43,5 +42,5 @@ from crossdali.pytorch.training.steps import StepTracker, StopRequest, copy_to_h
 __all__ = ["ENGINES", "CHECKPOINT_LAST", "CHECKPOINT_BEST", "training_session", "choose_backend", "seed_everything",
            "agree_run_dir", "build_on_rank0", "scaled_lr", "create_optimizer", "create_scheduler", "MixedPrecision",
            "accuracy_counts", "topk_correct", "evaluate_classifier", "evaluate_multilabel", "SyntheticBatches",
-           "gather_objects", "StopRequest", "model_stream", "TrainState", "Checkpointer", "copy_to_host",
+           "gather_objects", "StopRequest", "TrainState", "Checkpointer", "copy_to_host",
            "load_checkpoint", "StepTracker", "Run", "start_run", "resolve_cuda_graphs", "graph_model"]

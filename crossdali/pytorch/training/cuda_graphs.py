@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 
 def resolve_cuda_graphs(runtime: Runtime, choice: str = "auto") -> bool:
     """``--cuda-graphs auto|on|off``: whether ``graph_model`` captures the model. ``auto``: where one
-    process trains on a CUDA GPU (ResNet-50 AMP on an H100 fed by ``dali-gpu``: 96.2 % of synthetic
-    speed eager, 97.6 % graphed; README, 2026-11-28). ``on`` where that cannot be is refused in one line,
-    before any data is read or any run folder made."""
+    process trains on a CUDA GPU, where graphs bring ResNet-50 fed by ``dali-gpu`` closer to its
+    synthetic-data speed (docs/benchmarks.md#training-speed). ``on`` where that cannot be is refused in
+    one line, before any data is read or any run folder made."""
     if choice == "off":
         return False
     why = None
@@ -53,7 +53,7 @@ def graph_model(model: torch.nn.Module, *, batch_shape: tuple[int, ...], runtime
     parameters must not be replaced afterwards (a checkpoint loads into them in place). A model that
     cannot be captured (it reads a value back to the host, or changes shape) is a UsageError naming
     ``--cuda-graphs off``: a failed capture leaves CUDA's random generator unusable in this process
-    (seen on an H100: the next ``torch.randn`` fails), so the run cannot go on without graphs instead.
+    (the next ``torch.randn`` fails), so the run cannot go on without graphs instead.
     """
     t0 = time.perf_counter()
     eager_forward = model.forward
@@ -65,9 +65,9 @@ def graph_model(model: torch.nn.Module, *, batch_shape: tuple[int, ...], runtime
     model.train()
     try:
         with amp.autocast(cache=False), warnings.catch_warnings():
-            # make_graphed_callables's own doing, printed at every capture (seen on an H100, torch 2.11): its warm-up
-            # backward starts on autograd's thread, and the parameters' gradient nodes get its capture stream.
-            # The README's graphed rows were measured with both printed; filtering them changes no kernel.
+            # make_graphed_callables's own doing, printed at every capture (torch 2.11): its warm-up backward
+            # starts on autograd's thread, and the parameters' gradient nodes get its capture stream.
+            # Filtering them changes no kernel.
             warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
             warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
             torch.cuda.make_graphed_callables(model, (sample,))

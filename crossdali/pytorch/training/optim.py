@@ -24,9 +24,7 @@ def create_optimizer(name: str, params: Iterable, *, lr: float, momentum: float 
     """``sgd`` (with momentum) or ``adamw`` by name (``--opt``); PyTorch's fused implementation when
     the parameters are on a CUDA GPU: with it, ``GradScaler`` hands the inf/NaN check to the optimizer's
     kernel instead of reading it on the host every step, so the host is not held back by the GPU
-    (measured on an H100, ResNet-50 AMP, batch 256: synthetic data 4,688-4,699 -> 4,898-4,899 images/s,
-    dali-gpu 4,406-4,446 -> 4,748-4,755, results/classification/train_fix_queues_32_2026-11-26.json,
-    loops "scaler" and "fused"). ``fused``: force it on or off (default: on for CUDA parameters)."""
+    (docs/benchmarks.md#training-speed). ``fused``: force it on or off (default: on for CUDA parameters)."""
     params = list(params)
     if fused is None:
         fused = bool(params) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in params)
@@ -35,8 +33,8 @@ def create_optimizer(name: str, params: Iterable, *, lr: float, momentum: float 
         if fused and momentum:
             # PyTorch 2.11's fused SGD creates its momentum buffers uninitialised on its first step and
             # fills them in the kernel, which GradScaler skips while the gradients overflow (the first
-            # steps of every AMP run): the garbage stays and the weights turn NaN (measured on an H100,
-            # ResNet-50, step 5). Zeros first are the same arithmetic: buffer = momentum * 0 + gradient.
+            # steps of every AMP run): the garbage stays and the weights turn NaN within a few steps.
+            # Zeros first are the same arithmetic: buffer = momentum * 0 + gradient.
             for p in params:
                 optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return optimizer

@@ -49,8 +49,7 @@ class Run:
         """The per-step bookkeeping of this run's epochs (``--checkpoint-every``, ``--print-freq``)."""
         return StepTracker(self.state, runtime=self.runtime, checkpointer=self.checkpointer, metrics=self.metrics,
                            stop=stop, epochs=self.args.epochs, checkpoint_every=self.args.checkpoint_every,
-                           print_freq=self.args.print_freq, unit=unit,
-                           steps_ahead=getattr(self.args, "steps_ahead", 1))
+                           print_freq=self.args.print_freq, unit=unit)
 
     def finish(self, *, unit: str = "img") -> None:
         """The summary record, the plot and the summary lines (rank 0), then the metrics file closed."""

@@ -12,7 +12,6 @@ from typing import TypeVar
 import torch
 
 from crossdali.common.distributed import ENGINES as FRAMEWORK_ENGINES
-from crossdali.common.errors import UsageError
 from crossdali.common.loading.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
 from crossdali.common.loading.cuda_queues import share_gpu_with_dali
 from crossdali.common.scripts.script import configure_logging
@@ -20,8 +19,7 @@ from crossdali.common.scripts.train_args import resolve_backend
 from crossdali.pytorch.distributed import Runtime, gather_objects, init_distributed
 from crossdali.pytorch.training.steps import StopRequest
 
-__all__ = ["ENGINES", "training_session", "choose_backend", "model_stream", "seed_everything", "agree_run_dir",
-           "build_on_rank0"]
+__all__ = ["ENGINES", "training_session", "choose_backend", "seed_everything", "agree_run_dir", "build_on_rank0"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,38 +46,11 @@ def training_session(*, engine: str, debug: bool = False) -> Iterator[tuple[Runt
         runtime.shutdown()
 
 
-
 def choose_backend(requested: str, *, gpu_note: str = "DALI mixed decoder",
                    cpu_note: str = "DALI runs all operators on the CPU") -> str:
     """``--data-backend auto`` -> dali-gpu with a visible CUDA GPU, else dali-cpu (said in one line)."""
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return resolve_backend(requested, gpu=gpu, gpu_note=gpu_note, cpu_note=cpu_note)
-
-
-
-@contextmanager
-def model_stream(runtime: Runtime, choice: str = "default") -> Iterator[None]:
-    """``--model-stream high``: everything the script queues (model, optimizer, DALI's copies out) on a
-    CUDA stream of the highest priority, so that when DALI's decoding kernels (on its own streams, of
-    the default priority) and the model's wait for the same SMs, the block scheduler runs the model's
-    first and DALI's fill its gaps. DALI's iterator copies each batch on the current stream, so the
-    order between a batch and its step is kept. ``default``: torch's default stream."""
-    if choice == "default":
-        yield
-        return
-    if runtime.device.type != "cuda":
-        raise UsageError(f"--model-stream {choice}: the model runs on the {runtime.device.type} here, and stream "
-                         "priorities are CUDA's; leave --model-stream out")
-    device = runtime.device
-    # torch.cuda.Stream maps a priority beyond its range to the nearest valid one (its docstring): the highest
-    stream = torch.cuda.Stream(device, priority=-100)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    try:
-        with torch.cuda.stream(stream):
-            yield
-    finally:
-        torch.cuda.current_stream(device).wait_stream(stream)
-
 
 
 def seed_everything(seed: int) -> None:
@@ -98,12 +69,10 @@ def seed_everything(seed: int) -> None:
              seed, torch.get_num_threads())
 
 
-
 def agree_run_dir(runtime: Runtime, run_dir: Path) -> Path:
     """Rank 0's run folder on every rank (a default name holds the start time, which ranks may see
     differently); only rank 0 writes there, but every rank names it when it stops."""
     return Path(gather_objects(runtime, str(run_dir))[0])
-
 
 
 def build_on_rank0(runtime: Runtime, build: Callable[[], T]) -> T:

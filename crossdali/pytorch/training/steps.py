@@ -77,9 +77,8 @@ class StopRequest:
     def agreed_late(self, runtime: Runtime) -> int:
         """The same, for every step of a training loop: answers the question asked at the previous call
         (whose sum the GPU has long finished) and asks this step's, so the host never waits for the GPU.
-        ``agreed`` at every step left the GPU idle while the host fetched and launched the next step:
-        ResNet-50 AMP under DDP on two H100s trained at 0.740-0.857 of the one-GPU per-GPU rate with it,
-        0.945-0.963 with this (docs/distributed.md, Several GPUs)."""
+        ``agreed`` at every step would leave the GPU idle while the host fetched and launched the next
+        step, which costs several-GPU training a large share of its speed (docs/benchmarks.md#multi-gpu)."""
         if not runtime.dist.is_distributed:
             return self.signum
         verdict = self._verdict(self._answer())
@@ -132,27 +131,24 @@ class StepTracker:
     ``checkpoint_every`` steps, and the graceful stop (``StopRequest``) after a step.
 
     A step's loss is copied to the host as its last queued work (a pinned, non-blocking copy and a CUDA
-    event) and read ``steps_ahead`` steps late (1: once the next step is launched): the host waits for that
-    step's kernels only, while the GPU runs the ones after it (with a fused optimizer nothing else makes it
-    wait; ``create_optimizer``), so the host may queue up to ``steps_ahead`` steps beyond the GPU's.
-    Reading the loss tensor itself (``float(loss)``, ``loss.item()``) would copy it
-    behind every kernel queued since, so the host would wait until the GPU had nothing left to do: that
-    cost ResNet-50 fed by ``dali-gpu`` on an H100 3-4 points of synthetic speed (README, classification
-    section). The records, sums and progress are the same, ``steps_ahead`` steps later; every checkpoint,
-    stop and epoch end reads the pending steps first. Step times tile the epoch: from one ``step_done`` to the next
-    (the last pending step's until its last kernel). On a GPU each step record also has ``gpu_wait_s``, how
-    long the host then waited for that step's kernels: the host's lead over the GPU. Near 0 means the GPU had
-    already finished the step when the host launched the one ``steps_ahead`` later, so the GPU waited for the host (the
-    loader's ``next()`` or Python), not the other way round."""
+    event) and read one step late, once the next step is launched: the host waits for that step's kernels
+    only, while the GPU runs the next step's (with a fused optimizer nothing else makes it wait;
+    ``create_optimizer``), so the host may queue one step beyond the GPU's. Reading the loss tensor itself
+    (``float(loss)``, ``loss.item()``) would copy it behind every kernel queued since, so the host would
+    wait until the GPU had nothing left to do, and the GPU would idle while the host fetched and launched
+    the next step (docs/benchmarks.md#training-speed). The records, sums and progress are the same, one
+    step later; every checkpoint, stop and epoch end reads the pending steps first. Step times tile the
+    epoch: from one ``step_done`` to the next (the last pending step's until its last kernel). On a GPU
+    each step record also has ``gpu_wait_s``, how long the host then waited for that step's kernels: the
+    host's lead over the GPU. Near 0 means the GPU had already finished the step when the host launched
+    the next one, so the GPU waited for the host (the loader's ``next()`` or Python), not the other way
+    round."""
 
     def __init__(self, state: TrainState, *, runtime: Runtime, checkpointer: Checkpointer, metrics: MetricsWriter,
                  stop: StopRequest, epochs: int, checkpoint_every: int = 0, print_freq: int = 10,
-                 unit: str = "img", steps_ahead: int = 1) -> None:
-        if steps_ahead < 1:
-            raise ValueError(f"steps_ahead must be at least 1, got {steps_ahead}")
+                 unit: str = "img") -> None:
         self.state, self.runtime, self.checkpointer, self.metrics, self.stop = state, runtime, checkpointer, metrics, stop
         self.epochs, self.checkpoint_every, self.print_freq, self.unit = epochs, checkpoint_every, print_freq, unit
-        self.steps_ahead = steps_ahead
         self._progress: EpochProgress | None = None
         self._pending: deque[_Step] = deque()  #: launched, loss not read yet, oldest first
         self._t0 = self._fetch_t0 = self._wait = self._lr = 0.0
@@ -184,11 +180,11 @@ class StepTracker:
                      wait=self._wait, seconds=now - self._t0)
         self._t0 = now
         self._pending.append(done)
-        if len(self._pending) > self.steps_ahead:
+        if len(self._pending) > 1:
             oldest = self._pending.popleft()
             if oldest.copied is not None:
                 # The host's lead: ~0 when the GPU had already run that step, i.e. waited for the host
-                # (the data loader or Python), not the other way round (gpu_wait_s, README)
+                # (the data loader or Python), not the other way round (gpu_wait_s)
                 t = time.perf_counter()
                 oldest.copied.synchronize()  # that step's kernels and its loss's copy, not the ones queued since
                 oldest.gpu_wait = time.perf_counter() - t

@@ -35,11 +35,10 @@ DEPTHS = ("fast", "full")
 
 #: Devices whose full pass reads every header first and then decodes the files that passed through
 #: DALI's file reader (``decode_file_list``) instead of decoding while headers are read
-#: (``decode_files``). On the H200, 65,560 files: names fed to ``fn.io.file.read`` decoded 15.1-15.8k
-#: files/s, the file reader without mmap 20.0k (benchmarks.dali_read_paths); reading every header
-#: first took 0.83 s, and the full pass went from 0.69-0.76 of the loader's first epoch to 0.79-0.81
-#: (same runs, alternating: results/check_speed/h200_2026-11-26/4_file_reader_ab). On a 2-core CPU
-#: the decode is the bottleneck and reading headers beside it is worth more.
+#: (``decode_files``): on a GPU DALI's file reader feeds the decoder faster than file names fed to
+#: ``fn.io.file.read``, which outweighs reading the headers first (docs/benchmarks.md#check-speed;
+#: ``python -m benchmarks.probes.dali_read_paths`` compares the two). On a small CPU the decode is
+#: the bottleneck and reading headers beside it is worth more.
 FILE_READER_DEVICES = ("gpu",)
 
 _FIXES = {
@@ -96,10 +95,8 @@ class CheckSettings:
         cores = os.cpu_count() or 1
         if cores <= 4 or files < 4096:
             return 0
-        # On the H200's 16 cores, 65,560 files, the file reader's full pass: 16 processes 0.87 and
-        # 0.83 of the loader's first epoch against 0.84 and 0.81 with 8 (same runs, alternating:
-        # results/check_speed/h200_2026-11-26/5_header_processes); the fast pass 85-101k files/s
-        # against 65-79k.
+        # Header reading scales with the cores; with a decoder working beside it (the full pass on the
+        # CPU) half of them are left to the decoder.
         decoding_beside = self.depth == "full" and self.device not in FILE_READER_DEVICES
         return min(cores // 2 if decoding_beside else cores, 16)
 
@@ -112,8 +109,8 @@ class CheckSettings:
 
 
 def default_threads() -> int:
-    """Header-reading and DALI threads when the user gives none: every core, up to 16 (the H100
-    machine's; more threads than cores only contend)."""
+    """Header-reading and DALI threads when the user gives none: every core, up to 16 (more threads
+    than cores only contend)."""
     return max(1, min(os.cpu_count() or 1, 16))
 
 
@@ -193,8 +190,8 @@ def _unreadable(error: OSError) -> str:
 def _inspect_one(path: str) -> tuple[ImageInfo, list[int] | None, str]:
     """(the file's header, its cache signature or ``None`` when it could not be read, its absolute
     path: the cache's key). The signature comes from the open file (``fstat``), so a file never
-    needs a ``stat`` of its own in the main process: 65,560 of them took 0.34 s of its time on the
-    H100 (profile in results/check_speed/h100_2026-11-25/5_feed_as_one_array)."""
+    needs a ``stat`` of its own in the main process, where tens of thousands of them add up to a
+    visible share of a fast pass."""
     absolute = os.path.abspath(path)
     try:
         with open(path, "rb") as f:

@@ -166,8 +166,8 @@ class _Decoder:
 class _PipelinedDecoder(_Decoder):
     """Several batches in flight (DALI's pipelined, asynchronous executor), drained per chunk.
 
-    Measured on the H100 with 528 JPEGs, one synchronous batch at a time decoded 1 % as fast as the
-    loader; a loader keeps ``prefetch_queue_depth`` batches in flight, so this does too.
+    One synchronous batch at a time leaves the GPU decoder idle between batches, a small fraction of
+    the loader's rate; a loader keeps ``prefetch_queue_depth`` batches in flight, so this does too.
     """
 
     def __init__(self, *, device: str, batch_size: int, threads: int, source: str = "bytes", depth: int = 2) -> None:
@@ -188,8 +188,8 @@ class _PipelinedDecoder(_Decoder):
 
         ``batches`` is consumed lazily, one batch as each decoded one is released: the caller
         assembles the next batches (headers, names) while DALI decodes the earlier ones; collecting a
-        whole chunk first ran the two one after the other (on the H100, 65,560 files: 5,964 files/s
-        that way, 6,293 this way). The caller's own errors are raised, not taken for DALI's.
+        whole chunk first would run the two one after the other. The caller's own errors are raised,
+        not taken for DALI's.
         """
         source_error: list[BaseException] = []
 
@@ -241,8 +241,8 @@ class _PipelinedDecoder(_Decoder):
 
 
 #: Samples per chunk, per device: large enough that draining the pipeline between chunks costs
-#: little, small enough that the progress bar moves every second or two (a 2-core CPU decodes about
-#: 1,000 bench-set JPEGs/s, the H100 about 24,000).
+#: little, small enough that the progress bar moves every second or two (a GPU decodes tens of times
+#: more JPEGs per second than a small CPU).
 CHUNK_SAMPLES = {"cpu": 512, "gpu": 4096}
 #: Batches in flight in the full pass, per device (as a loader's ``prefetch_queue_depth``).
 PIPELINE_DEPTH = {"cpu": 2, "gpu": 2}
@@ -263,7 +263,7 @@ def decode_files(paths: Iterable[str], *, device: str = "cpu", batch_size: int =
                  on_batch: Callable[[int], None] | None = None) -> dict[str, tuple[str, str]]:
     """:func:`decode_samples` for image files, keyed by path: only the names pass through Python,
     DALI's threads read the files (``fn.io.file.read``). Reading the bytes in Python and feeding
-    them held the GIL: the full pass ran at a fifth of the loader's rate on the H100. ``paths`` is
+    them holds the GIL, which a GPU's full pass cannot afford. ``paths`` is
     consumed lazily, so the caller may still be inspecting headers of later files."""
     return _decode_stream(((path, os.fsencode(path)) for path in paths), source="paths", device=device,
                           batch_size=batch_size, threads=threads, on_batch=on_batch)
@@ -272,8 +272,8 @@ def decode_files(paths: Iterable[str], *, device: str = "cpu", batch_size: int =
 def _names_batch(names: list[bytes]) -> np.ndarray:
     """File names as one dense ``uint8`` batch, each row padded with NUL bytes: ``fn.io.file.read``
     opens the name up to its first NUL (a POSIX name holds none), and one array is fed in one call
-    where a list of 64 arrays cost DALI's ``feed_input`` about 1 ms per batch of the main thread
-    (2-core CPU; on the H100 the feed was the largest own time in the full pass's profile)."""
+    where a list of 64 arrays costs DALI's ``feed_input`` about 1 ms of the main thread per batch
+    (on a GPU the feed would be the full pass's largest own time)."""
     return np.array(names, dtype=bytes).view(np.uint8).reshape(len(names), -1)
 
 
@@ -353,9 +353,8 @@ def _decode_stream(samples: Iterable[tuple[str, bytes]], *, source: str, device:
 def decode_file_list(paths: Sequence[str], *, device: str = "cpu", batch_size: int = 32, threads: int = 2,
                      on_batch: Callable[[int], None] | None = None) -> dict[str, tuple[str, str]]:
     """:func:`decode_files` for a list known in full, read by DALI's file reader as the loader reads
-    (``fn.readers.file``, no mmap): on the H200 it fed the GPU decoder 18-20k files/s where names
-    fed to ``fn.io.file.read`` reached 15-16k, however they were fed (``python -m
-    benchmarks.dali_read_paths``, results/check_speed/h200_2026-11-26/3_read_paths).
+    (``fn.readers.file``, no mmap): it feeds a GPU decoder faster than names fed to
+    ``fn.io.file.read``, however they are fed (``python -m benchmarks.probes.dali_read_paths``).
 
     The reader runs ahead of what is fetched, so a window cannot be drained to pin a warning on it:
     file descriptor 2 stays captured for the whole pass (a progress bar must draw elsewhere: the

@@ -133,10 +133,10 @@ def _scan_problem(data: bytes, pos: int, length: int, tables: int, component_tab
     """What is wrong when the scan (SOS segment at ``pos``) names a component its frame lacks, or
     one whose quantization table no DQT segment has defined yet, else None.
 
-    libjpeg-turbo refuses both. nvJPEG was measured (H100, DALI 2.4,
-    benchmarks/decode_failure_probe.py) to decode the first in a batch after a good JPEG without an
-    error, and the GPU full pass of one test session let the second through, so a dataset checked on
-    the GPU could still stop a CPU-decoding job: checked here, on every device, without decoding."""
+    libjpeg-turbo refuses both. nvJPEG (DALI 2.4) decodes the first without an error when it follows a
+    good JPEG in a batch, and can let the second through (``python -m benchmarks.probes.decode_failure_probe``
+    shows it), so a dataset checked on the GPU could still stop a CPU-decoding job: both are checked
+    here, on every device, without decoding."""
     for c in range(pos + 3, min(pos + 3 + 2 * data[pos + 2], pos + length), 2):
         table = component_table.get(data[c])
         if table is None and component_table:

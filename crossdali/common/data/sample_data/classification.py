@@ -60,8 +60,8 @@ class ClassificationSampleConfig:
         return per_class * len(CLASS_PHOTOS)
 
 
-#: Named sizes. ``tiny`` keeps CI fast on 2 cores; ``bench`` approximates the 8,192 JPEGs of
-#: about 84 KB that the GPU baseline in DESIGN.md was measured on.
+#: Named sizes. ``tiny`` keeps CI fast on 2 cores; ``bench`` is 8,192 JPEGs of about 84 KB, close
+#: to ImageNet's average file, for the GPU benchmarks (docs/benchmarks.md#classification-loaders).
 SIZES: dict[str, ClassificationSampleConfig] = {
     "tiny": ClassificationSampleConfig(train_per_class=24, val_per_class=5, min_side=96, max_side=160),
     "small": ClassificationSampleConfig(),

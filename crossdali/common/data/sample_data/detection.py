@@ -72,8 +72,8 @@ class DetectionSampleConfig:
         return self.train_images if split == "train" else self.val_images
 
 
-#: ``tiny`` for CI on 2 cores; ``bench`` approximates the 4,096 COCO-style JPEGs of ~70 KB that
-#: DESIGN.md's SSD baseline was measured on.
+#: ``tiny`` for CI on 2 cores; ``bench`` is 4,096 COCO-style JPEGs of ~70 KB for the GPU benchmarks
+#: (docs/benchmarks.md#detection-loaders).
 DETECTION_SIZES: dict[str, DetectionSampleConfig] = {
     "tiny": DetectionSampleConfig(train_images=96, val_images=24, min_side=192, max_side=256),
     "small": DetectionSampleConfig(),
