@@ -223,10 +223,20 @@ def create_classification_pipeline(
     options: PipelineOptions,
     transform: ClassificationTransform | None = None,
 ):
-    """Build (but do not start) the train or val pipeline over ``source``.
+    """Build (but do not start) the ResNet-50 train or val pipeline over ``source``.
 
-    Returns a ``nvidia.dali.Pipeline`` with outputs ``(images, labels)``; call ``.build()`` or hand
-    it to a framework iterator.
+    Args:
+        source: a resolved split (``crossdali.common.data.sources.resolve_source``): files and labels,
+            or TFRecord / RecordIO / WebDataset records with their indexes.
+        train: random-resized crop, flip and normalize, shuffled; or resize, centre crop and
+            normalize, every sample once across shards.
+        options: where and how the pipeline runs (device, threads, shard, seed, batch size).
+        transform: the preset's sizes, augmentation ranges, layout and type (default:
+            ``ClassificationTransform()``).
+
+    Returns:
+        A ``nvidia.dali.Pipeline`` with outputs ``(images, labels)``, its reader named
+        ``READER_NAME``; call ``.build()`` or hand it to a framework iterator.
     """
     from nvidia.dali import pipeline_def  # defer: keeps `import crossdali.common` light
 

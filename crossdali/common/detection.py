@@ -104,9 +104,19 @@ def _padded(x, fill):
 
 def create_detection_pipeline(source: DetectionSource, *, train: bool, options: PipelineOptions,
                               transform: DetectionTransform | None = None, debug: bool = False):
-    """Build (but do not start) the SSD train or val pipeline over ``source``.
+    """Build (but do not start) the SSD300 train or val pipeline over ``source`` (the module
+    docstring lists its steps).
 
-    Outputs are ``TRAIN_OUTPUTS`` / ``VAL_OUTPUTS`` (+ ``DEBUG_OUTPUTS`` with ``debug``, train only).
+    Args:
+        source: a resolved COCO-format split (``resolve_detection_source``).
+        train: the SSD augmentation and encoded boxes, shuffled; or resize and raw boxes with image ids.
+        options: where and how the pipeline runs (device, threads, shard, seed, batch size).
+        transform: the augmentation ranges (default: SSD300's, ``DetectionTransform()``).
+        debug: train only: add ``DEBUG_OUTPUTS``, the random parameters and intermediate boxes.
+
+    Returns:
+        A ``nvidia.dali.Pipeline`` whose outputs are ``TRAIN_OUTPUTS`` or ``VAL_OUTPUTS`` (then
+        ``DEBUG_OUTPUTS``), its reader named ``READER_NAME``.
     """
     from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
 

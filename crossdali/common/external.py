@@ -241,10 +241,25 @@ def create_external_source_pipeline(callback, *, batch: bool, train: bool, optio
                                     py_workers: int = 1, py_start_method: str = "fork", multi_label: bool = False,
                                     batch_info: bool = False):
     """Build (not start) a pipeline: ``fn.external_source(callback)`` -> crossdali's train or val
-    transform. ``callback``: an ``IndexedSamples`` (``batch=False``), a generator function of
-    batches (``batch=True``), or with ``batch_info`` a ``ShardBatches`` (a function of DALI's
-    ``BatchInfo``). ``parallel`` runs it in ``py_workers`` DALI worker processes.
-    ``multi_label``: labels are float32 multi-hot vectors, not int64 class indices."""
+    transform. Loader factories build it through ``prepare_external_source``.
+
+    Args:
+        callback: an ``IndexedSamples`` (``batch=False``), a generator function of batches
+            (``batch=True``), or with ``batch_info`` a ``ShardBatches`` (a function of DALI's
+            ``BatchInfo``); ``crossdali.common.loading.external_readers`` has all three.
+        batch: whether ``callback`` gives whole batches.
+        train: crossdali's train transform, or its val transform.
+        options: where and how the pipeline runs (device, threads, shard, seed, batch size).
+        transform: the preset (default: ``ClassificationTransform()``).
+        parallel: run ``callback`` in DALI's Python worker processes.
+        py_workers: how many worker processes with ``parallel``.
+        py_start_method: ``fork`` or ``spawn`` for the workers.
+        multi_label: labels are float32 multi-hot vectors, not int64 class indices.
+        batch_info: ``callback`` takes DALI's ``BatchInfo`` (a ``ShardBatches``).
+
+    Returns:
+        A ``nvidia.dali.Pipeline`` with outputs ``(images, labels)``.
+    """
     from nvidia.dali import fn, pipeline_def, types  # defer: keeps `import crossdali.common` light
 
     kwargs = options.pipeline_kwargs()

@@ -81,6 +81,20 @@ def create_optical_flow_pipeline(
     for small frames), so the vectors are in pixels of that S x S image:
     ``flow_to_frame_pixels`` scales them back. Raises ``OpticalFlowUnavailable`` where there is
     no GPU with an optical-flow engine.
+
+    Args:
+        files: the video files, read in order.
+        options: where and how the pipeline runs; ``device`` must be ``"gpu"``.
+        labels: one label per file (default: 0 for all).
+        sequence_length: frames per sequence, at least 2.
+        stride: distance between the frames of a sequence.
+        step: distance between the first frames of consecutive sequences (default
+            ``sequence_length * stride``).
+        flow_size: side S of the square the frames are resized to for the flow engine; ``None``:
+            the frames as decoded.
+        output_grid: the flow vectors' grid in pixels: 1, 2 or 4.
+        preset: the optical-flow engine's speed/quality preset, 0 (quality) to 1 (speed).
+        validate: probe every file first (``crossdali.common.data.videos.check_videos``).
     """
     from nvidia.dali import fn, pipeline_def, types  # defer
 

@@ -221,12 +221,24 @@ def create_clip_pipeline(
     validate: bool = True,
     reader: str | None = None,
 ):
-    """Build (but do not start) the train or val clip pipeline over ``source`` (a file list).
+    """Build (but do not start) the train or val clip pipeline over ``source`` (the module docstring
+    says what each does).
 
-    Outputs ``(clips, labels)``, plus ``frame_num`` (int32 ``(1,)``: the clip's first frame) with
-    ``with_frame_num``. ``validate`` probes every file first (see ``check_videos``); turn it off
-    only for datasets already checked. ``reader``: ``"legacy"`` or ``"experimental"``; ``None``
-    picks it as ``count_clips`` does (loaders pass the one they counted with).
+    Args:
+        source: a resolved file list of videos (``resolve_video_source``).
+        train: clips shuffled with a random crop and flip per clip; or clips in file order, resized
+            and centre-cropped, every clip once across shards.
+        options: where and how the pipeline runs (device, threads, shard, seed, batch size in reads).
+        transform: the clip preset (default: ``ClipTransform()``).
+        with_frame_num: add ``frame_num`` (int32 ``(1,)``: the clip's first frame) as a third output.
+        validate: probe every file first (``crossdali.common.data.videos.check_videos``); turn it off
+            only for datasets already checked.
+        reader: ``"legacy"`` or ``"experimental"``; ``None`` picks it as ``count_clips`` does (loaders
+            pass the one they counted with).
+
+    Returns:
+        A ``nvidia.dali.Pipeline`` with outputs ``(clips, labels)`` (and ``frame_num``), its reader
+        named ``VIDEO_READER_NAME``.
     """
     from nvidia.dali import fn, pipeline_def, types  # defer
 

@@ -52,6 +52,22 @@ def create_detection_loader(
 
     Same arguments as ``crossdali.pytorch.create_detection_loader`` (less ``debug``). The result
     implements ``crossdali.common.loading.loaders.Loader``.
+
+    Args:
+        data: a COCO-format folder (``annotations/instances_{train,val}.json`` and ``{train,val}/``) or a
+            resolved ``DetectionSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        workers: DALI's threads.
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        hw_decoder_load: share of the JPEGs sent to the GPU's hardware JPEG decoder, where it has one.
+        transform: the augmentation ranges (default: the pipeline's own preset).
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
     """
     _no_native(backend)
     plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,

@@ -64,6 +64,29 @@ def create_external_source_loader(
     ``(N, num_classes)`` float32 multi-hot with ``multi_label``. ``feed.py_start_method='auto'``
     spawns DALI's Python workers (so the source must pickle): JAX runs threads of its own from import
     on and warns that a fork may deadlock; ``'fork'`` is there for sources that cannot pickle.
+
+    Args:
+        source: a dataset with ``len`` and ``[i]``, a function ``fn(i)`` (with ``num_samples``), an iterable
+            or a generator function of ``(encoded bytes, label)`` items.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        num_samples: the dataset's length where ``source`` does not say it (a function, a stream).
+        num_classes: the class count where the labels do not show it.
+        workers: DALI's threads.
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` outputs.
+        layout: ``HWC`` or ``CHW`` images.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
+        feed: DALI's Python workers, batched streams and stream sharding (``ExternalSourceOptions``).
+        name: how logs and errors name the source.
+        multi_label: each sample's label is a list of class indices, delivered as ``(N, num_classes)`` float32
+            multi-hot.
     """
     feed = feed or ExternalSourceOptions()
     if feed.py_start_method == "auto":

@@ -175,13 +175,27 @@ def create_classification_loader(
 ):
     """An iterable of ``(images, labels)`` ``jax.Array`` batches for the train or val split of ``data``.
 
-    Same arguments as ``crossdali.pytorch.create_classification_loader``, plus ``layout``:
-    ``"HWC"`` (flax's NHWC, the default) or ``"CHW"``. ``data`` is a dataset folder (ImageFolder
-    with train/ and val/, or TFRecord / RecordIO / file list) or a resolved ``DataSource``;
-    ``workers`` is DALI's thread count; ``dist`` shards by the global rank; ``device_id`` is the
-    GPU for ``dali-gpu`` (default: the local rank); ``last_batch`` overrides the epoch rule
-    ('partial' | 'drop' | 'fill'); ``checkpointing`` lets ``state_dict()`` save DALI's position
-    inside an epoch. The result implements ``crossdali.common.loading.loaders.Loader``.
+    The arguments of ``crossdali.pytorch.create_classification_loader``, plus ``layout``. The result
+    implements ``crossdali.common.loading.loaders.Loader``.
+
+    Args:
+        data: a dataset folder (ImageFolder with ``train/`` and ``val/``, TFRecord, RecordIO, WebDataset or a
+            file list; see ``crossdali.common.data.sources.resolve_source``) or a resolved ``DataSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        workers: DALI's threads.
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        data_format: ``auto`` or one of the layouts ``resolve_source`` reads.
+        dtype: ``float32`` or ``float16`` outputs.
+        hw_decoder_load: share of the JPEGs sent to the GPU's hardware JPEG decoder, where it has one.
+        layout: ``HWC`` (flax's NHWC, the default) or ``CHW`` images.
+        last_batch: the epoch rule's last batch overridden: ``partial``, ``drop`` or ``fill``.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
     """
     _no_native(backend)
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,

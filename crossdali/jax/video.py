@@ -51,6 +51,33 @@ def create_video_loader(
     ``pipelines`` splits this rank's shard over several DALI pipelines merged into one batch (as
     in the PyTorch loader, whose docstring says when it helps).
     The result implements ``crossdali.common.loading.loaders.Loader``.
+
+    Args:
+        data: a folder with ``<split>.txt`` file lists or ``<split>/<class>/<video>``, a file list, or a
+            resolved ``DataSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        sequence_length: frames per clip.
+        stride: distance between the frames of a clip.
+        step: distance between the first frames of consecutive clips (default ``sequence_length * stride``).
+        crop_size: side of the square output images.
+        hflip: mirror probability in training (0 for labels a flip changes).
+        layout: ``NCFHW`` or ``NFHWC`` clips.
+        workers: DALI's threads.
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` outputs.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        with_frame_num: add each clip's first frame number as a third output.
+        validate: probe every file first, so a bad one fails with its name and the fix.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
+        pipelines: DALI pipelines in this process, each reading its own part of the shard
+            (``crossdali.pytorch.create_video_loader`` says more).
+        clips_per_read: train only: consecutive clips read as one sequence and handed out as separate clips
+            (``crossdali.pytorch.create_video_loader`` says when it pays).
     """
     _no_native(backend)
     split = plan_video_split(data, train=train, backend=backend, batch_size=batch_size, sequence_length=sequence_length,

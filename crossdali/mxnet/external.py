@@ -188,6 +188,28 @@ def create_external_source_loader(
     ``gpu(device_id)`` with ``dali-gpu`` and a CUDA build of MXNet); labels float32 ``(N,)``, or
     ``(N, num_classes)`` multi-hot with ``multi_label``. ``feed.py_start_method='auto'`` forks
     DALI's Python workers (MXNet's CPU wheel holds no CUDA context); ``spawn`` when MXNet has a GPU.
+
+    Args:
+        source: a dataset with ``len`` and ``[i]``, a function ``fn(i)`` (with ``num_samples``), an iterable
+            or a generator function of ``(encoded bytes, label)`` items.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        num_samples: the dataset's length where ``source`` does not say it (a function, a stream).
+        num_classes: the class count where the labels do not show it.
+        workers: DALI's threads, or the native iterator's decoding threads (``native``).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` outputs.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
+        feed: DALI's Python workers, batched streams and stream sharding (``ExternalSourceOptions``).
+        name: how logs and errors name the source.
+        multi_label: each sample's label is a list of class indices, delivered as ``(N, num_classes)`` float32
+            multi-hot.
     """
     feed = feed or ExternalSourceOptions()
     if feed.py_start_method == "auto":
@@ -222,7 +244,25 @@ def create_multilabel_loader(
     """Batches of the train or val split of a multi-label list (``data``: a folder with
     ``train.txt``/``val.txt``, a list file, or a ``MultiLabelSource``): float NCHW images and
     ``(batch_size, classes)`` float32 multi-hot labels; the arguments of
-    ``crossdali.pytorch.create_multilabel_loader``."""
+    ``crossdali.pytorch.create_multilabel_loader``.
+
+    Args:
+        data: a folder with ``train.txt``/``val.txt`` (or ``.csv``), a list file, or a resolved
+            ``MultiLabelSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        workers: DALI's threads, or the native iterator's decoding threads (``native``).
+        py_workers: DALI's Python worker processes reading the files (0: read in this process).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` outputs.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
+        exclude: an exclusion list (``crossdali check`` writes one) or sample ids to leave out.
+    """
     from crossdali.common.multilabel import multilabel_loader_args  # defer: scikit-learn
 
     source, kwargs = multilabel_loader_args(Path(data) if isinstance(data, str) else data, train=train,

@@ -401,16 +401,27 @@ def create_classification_loader(
     last_batch: str | None = None,
     checkpointing: bool = True,
 ) -> mx.io.DataIter:
-    """An ``mx.io.DataIter`` over the train or val split of ``data``; same arguments as
-    ``crossdali.pytorch.create_classification_loader``.
+    """An ``mx.io.DataIter`` over the train or val split of ``data``, with the arguments of
+    ``crossdali.pytorch.create_classification_loader`` (``native`` reads RecordIO only). The result
+    implements ``crossdali.common.loading.loaders.Loader`` and has ``provide_data`` and ``provide_label``.
 
-    ``data`` is a dataset folder (ImageFolder with train/ and val/, TFRecord, RecordIO or file
-    lists; see ``crossdali.common.data.sources.resolve_source``) or a resolved ``DataSource``;
-    ``native`` needs RecordIO. ``dist`` shards by the global rank. ``device_id`` is the GPU for
-    ``dali-gpu`` (default: the local rank). ``last_batch`` overrides the epoch rule.
-    ``checkpointing`` lets ``state_dict()`` save DALI's position inside an epoch (a bit-exact
-    mid-epoch resume). The result implements ``crossdali.common.loading.loaders.Loader`` and has
-    ``provide_data`` and ``provide_label``.
+    Args:
+        data: a dataset folder (ImageFolder with ``train/`` and ``val/``, TFRecord, RecordIO, WebDataset or a
+            file list; see ``crossdali.common.data.sources.resolve_source``) or a resolved ``DataSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        workers: DALI's threads, or the native iterator's decoding threads (``native``).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        data_format: ``auto`` or one of the layouts ``resolve_source`` reads.
+        dtype: ``float32`` or ``float16`` outputs.
+        hw_decoder_load: share of the JPEGs sent to the GPU's hardware JPEG decoder, where it has one.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),

@@ -56,6 +56,23 @@ def create_detection_loader(
     no ``debug`` outputs here). ``for batch in loader`` is one epoch; ``loader.dataset`` is the
     ``tf.data.Dataset`` (endless for train: give Keras ``steps_per_epoch=loader.steps_per_epoch``).
     ``checkpointing`` must stay off (DALIDataset cannot restore DALI checkpoints).
+
+    Args:
+        data: a COCO-format folder (``annotations/instances_{train,val}.json`` and ``{train,val}/``) or a
+            resolved ``DetectionSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        workers: DALI's threads, or tf.data's parallel calls (``native``).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        hw_decoder_load: share of the JPEGs sent to the GPU's hardware JPEG decoder, where it has one.
+        transform: the augmentation ranges (default: the pipeline's own preset).
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: must stay off: ``DALIDataset`` cannot restore a DALI checkpoint, so ``state_dict`` is
+            epoch-level.
     """
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
@@ -83,5 +100,11 @@ def create_detection_loader(
 
 
 def create_detection_dataset(data: str | Path | DetectionSource, **kwargs) -> tf.data.Dataset:
-    """The ``tf.data.Dataset`` of ``create_detection_loader`` (same arguments)."""
+    """The ``tf.data.Dataset`` of ``create_detection_loader`` (same arguments).
+
+    Args:
+        data: a COCO-format folder (``annotations/instances_{train,val}.json`` and ``{train,val}/``) or a
+            resolved ``DetectionSource``.
+        kwargs: the arguments of the matching ``create_*_loader``.
+    """
     return create_detection_loader(data, **kwargs).dataset

@@ -124,7 +124,31 @@ def create_external_source_loader(
     dataset with ``len`` and ``[i]``, a function ``fn(i)`` with ``num_samples``, or a sharded
     source (``crossdali.common.squirrel.SquirrelSource``); a stream is refused. Labels are (N,)
     int64, or ``(N, num_classes)`` float32 multi-hot with ``multi_label``. ``checkpointing`` must
-    stay off (epoch-level ``state_dict``, as every TensorFlow DALI loader)."""
+    stay off (epoch-level ``state_dict``, as every TensorFlow DALI loader).
+
+    Args:
+        source: a dataset with ``len`` and ``[i]``, a function ``fn(i)`` (with ``num_samples``), an iterable
+            or a generator function of ``(encoded bytes, label)`` items.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        num_samples: the dataset's length where ``source`` does not say it (a function, a stream).
+        num_classes: the class count where the labels do not show it.
+        workers: DALI's threads, or tf.data's parallel calls (``native``).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` outputs.
+        layout: ``HWC`` or ``CHW`` images.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: must stay off: ``DALIDataset`` cannot restore a DALI checkpoint, so ``state_dict`` is
+            epoch-level.
+        name: how logs and errors name the source.
+        multi_label: each sample's label is a list of class indices, delivered as ``(N, num_classes)`` float32
+            multi-hot.
+    """
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout)
@@ -161,7 +185,24 @@ def create_multilabel_loader(
     """``(images, labels)`` for the train or val split of a multi-label list (``data``: a folder with
     ``train.txt``/``val.txt``, a list file, or a ``MultiLabelSource``): float images and
     ``(N, classes)`` float32 multi-hot labels; the arguments of
-    ``crossdali.pytorch.create_multilabel_loader`` but ``py_workers`` and ``checkpointing``."""
+    ``crossdali.pytorch.create_multilabel_loader`` but ``py_workers`` and ``checkpointing``.
+
+    Args:
+        data: a folder with ``train.txt``/``val.txt`` (or ``.csv``), a list file, or a resolved
+            ``MultiLabelSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        workers: DALI's threads, or tf.data's parallel calls (``native``).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` outputs.
+        layout: ``HWC`` or ``CHW`` images.
+        exclude: an exclusion list (``crossdali check`` writes one) or sample ids to leave out.
+    """
     from crossdali.common.multilabel import multilabel_loader_args  # defer: scikit-learn
 
     source, kwargs = multilabel_loader_args(Path(data) if isinstance(data, str) else data, train=train, py_workers=0,

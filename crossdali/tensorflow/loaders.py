@@ -240,16 +240,29 @@ def create_classification_loader(
     last_batch: str | None = None,
     checkpointing: bool = False,
 ) -> DALILoader | NativeLoader | SyntheticLoader:
-    """A loader of ``(images, labels)`` TF batches for the train or val split of ``data``.
+    """A loader of ``(images, labels)`` TensorFlow batches for the train or val split of ``data``,
+    from any backend. The result implements ``crossdali.common.loading.loaders.Loader``; images are
+    ``(N, H, W, C)`` (Keras' channels_last) or ``(N, C, H, W)``, labels ``(N,)`` int64.
 
-    ``data`` is a dataset folder (ImageFolder with train/ and val/, TFRecord, RecordIO or file
-    list, see ``crossdali.common.data.sources.resolve_source``) or an already resolved ``DataSource``.
-    ``workers`` is DALI's thread count or tf.data's parallel calls. ``dist`` shards by the global
-    rank (default: one process). ``device_id`` is the GPU for ``dali-gpu`` (default: the local
-    rank). ``layout`` is ``"HWC"`` (Keras' channels_last, the default) or ``"CHW"``.
-    ``last_batch`` overrides the epoch rule ('partial' | 'drop'). ``checkpointing`` must stay off:
-    DALIDataset cannot restore DALI checkpoints (``state_dict`` is epoch-level, docs/tensorflow.md).
-    The result implements ``crossdali.common.loading.loaders.Loader``.
+    Args:
+        data: a dataset folder (ImageFolder with ``train/`` and ``val/``, TFRecord, RecordIO, WebDataset or a
+            file list; see ``crossdali.common.data.sources.resolve_source``) or a resolved ``DataSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        crop_size: side of the square output images.
+        workers: DALI's threads, or tf.data's parallel calls (``native``).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        data_format: ``auto`` or one of the layouts ``resolve_source`` reads.
+        dtype: ``float32`` or ``float16`` outputs.
+        layout: ``HWC`` (Keras' channels_last, the default) or ``CHW`` images.
+        hw_decoder_load: share of the JPEGs sent to the GPU's hardware JPEG decoder, where it has one.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        checkpointing: must stay off: ``DALIDataset`` cannot restore a DALI checkpoint, so ``state_dict`` is
+            epoch-level (docs/tensorflow.md).
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
@@ -282,5 +295,11 @@ def create_classification_dataset(data: str | Path | DataSource, *, train: bool,
     val: exactly one epoch, every sample once across shards; iterating again repeats it.
     On ``dali-gpu`` its epoch bookkeeping runs on the host: iterate the loader itself to keep
     batches on the GPU (docs/tensorflow.md).
+
+    Args:
+        data: a dataset folder (ImageFolder with ``train/`` and ``val/``, TFRecord, RecordIO, WebDataset or a
+            file list; see ``crossdali.common.data.sources.resolve_source``) or a resolved ``DataSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        kwargs: the arguments of the matching ``create_*_loader``.
     """
     return create_classification_loader(data, train=train, **kwargs).dataset

@@ -61,6 +61,31 @@ def create_video_loader(
     ``validate`` probes every file first (needs PyAV), so a bad one fails with its name and the fix.
     ``checkpointing`` must stay off (DALIDataset cannot restore DALI checkpoints). ``clips_per_read``
     (train): consecutive clips decoded as one read, handed out as clips (see the PyTorch loader).
+
+    Args:
+        data: a folder with ``<split>.txt`` file lists or ``<split>/<class>/<video>``, a file list, or a
+            resolved ``DataSource``.
+        train: the train split (shuffled, augmented) or the val split (every sample once across shards).
+        backend: ``dali-gpu`` or ``dali-cpu``, and where this factory offers them ``native`` or ``synthetic``
+            (the module's ``*BACKENDS``).
+        batch_size: samples per batch on this rank.
+        sequence_length: frames per clip.
+        stride: distance between the frames of a clip.
+        step: distance between the first frames of consecutive clips (default ``sequence_length * stride``).
+        crop_size: side of the square output images.
+        hflip: mirror probability in training (0 for labels a flip changes).
+        layout: ``NCFHW`` or ``NFHWC`` clips.
+        workers: DALI's threads, or tf.data's parallel calls (``native``).
+        seed: shuffle and augmentation seed: the same seed gives the same batches.
+        dist: rank and world size to shard by (default: one process).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank).
+        dtype: ``float32`` or ``float16`` outputs.
+        last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
+        validate: probe every file first, so a bad one fails with its name and the fix.
+        checkpointing: must stay off: ``DALIDataset`` cannot restore a DALI checkpoint, so ``state_dict`` is
+            epoch-level.
+        clips_per_read: train only: consecutive clips read as one sequence and handed out as separate clips
+            (``crossdali.pytorch.create_video_loader`` says when it pays).
     """
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
@@ -78,5 +103,11 @@ def create_video_loader(
 
 
 def create_video_dataset(data: str | Path | DataSource, **kwargs) -> tf.data.Dataset:
-    """The ``tf.data.Dataset`` of ``create_video_loader`` (same arguments)."""
+    """The ``tf.data.Dataset`` of ``create_video_loader`` (same arguments).
+
+    Args:
+        data: a folder with ``<split>.txt`` file lists or ``<split>/<class>/<video>``, a file list, or a
+            resolved ``DataSource``.
+        kwargs: the arguments of the matching ``create_*_loader``.
+    """
     return create_video_loader(data, **kwargs).dataset
