@@ -1,7 +1,7 @@
 """Images/s of a Squirrel store fed to DALI through ``fn.external_source``, against Squirrel's own
 PyTorch path (PIL + torchvision in a DataLoader), both with the RN50 train transform.
 
-    python -m benchmarks.external_source --out results/             # on a GPU machine (DALI GPU rows)
+    python -m benchmarks.external_source                            # on a GPU machine (DALI GPU rows): results/latest
     python -m benchmarks.external_source --cpu --size small -b 64 --workers 2 --data-root /tmp/d --out /tmp/es
     python -m benchmarks.external_source --smoke --out /tmp/es      # tiny CPU run (CI)
 
@@ -46,7 +46,7 @@ from crossdali.common.data.sources import resolve_source
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON and the PNG")
+    parser.add_argument("--out", type=Path, default=Path("results/latest"), help="folder for the JSON and the PNG")
     parser.add_argument("--data-root", type=Path, default=None, help="where to build the sample set")
     parser.add_argument("--size", default="bench", help="sample set size (bench: 8,195 JPEGs)")
     parser.add_argument("--store", type=Path, default=None, help="Squirrel store folder (default: a temporary one)")
@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> dict:
                                                                          else " (serial)")
             configs.append((name, lambda b=backend, p=parallel: create_external_source_loader(
                 stream, backend=b, feed=ExternalSourceOptions(parallel=p), num_classes=source.num_classes, **common)))
-        if gpu:  # on the H100 the one-shard-at-a-time stream, not DALI, was the limit (3,047 vs 16,010 img/s)
+        if gpu:  # the one-shard-at-a-time stream, not DALI, can be the limit: a stream with fetch threads beside it
             name = f"Squirrel stream ({args.fetch_threads} fetch threads) -> DALI {where} external_source (serial)"
             configs.append((name, lambda b=backend: create_external_source_loader(
                 functools.partial(iter, SquirrelSource(args.store, num_classes=source.num_classes,

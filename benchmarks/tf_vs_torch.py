@@ -1,6 +1,6 @@
 """Images/s of the same DALI pipeline fed to TensorFlow and to PyTorch, on the same JPEGs, in one process.
 
-    python -m benchmarks.tf_vs_torch --out results/             # GPU machine: TF (GPU build) + torch + both DALI plugins
+    python -m benchmarks.tf_vs_torch                            # GPU machine: TF (GPU build) + torch + both DALI plugins
     python -m benchmarks.tf_vs_torch --smoke --out /tmp/bench   # CPU check: dali-cpu, tiny set, TF (torch if importable)
 
 The RN50 train transform (decode, random-resized crop, flip, normalize) on the ``bench`` sample set
@@ -50,12 +50,12 @@ from crossdali.tensorflow.dali_loader import dali_dataset  # noqa: E402
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the JSON")
+    parser.add_argument("--out", type=Path, default=Path("results/latest"), help="folder for the JSON")
     parser.add_argument("--data-root", type=Path, default=None, help="where to build the bench sample set")
     parser.add_argument("--size", default="bench", help="sample set size (bench: 8,195 JPEGs)")
     parser.add_argument("-b", "--batch-size", type=int, default=256)
     parser.add_argument("--crop-size", type=int, default=224)
-    parser.add_argument("--workers", type=int, default=4, help="DALI CPU threads (4 measured fastest on an H100)")
+    parser.add_argument("--workers", type=int, default=4, help="DALI CPU threads (docs/benchmarks.md#tensorflow-vs-pytorch)")
     parser.add_argument("--hw-decoder-load", type=float, default=1.0)
     parser.add_argument("--min-seconds", type=float, default=5.0, help="time whole epochs until at least this long")
     parser.add_argument("--rounds", type=int, default=2, help="repeat every row, alternating frameworks")

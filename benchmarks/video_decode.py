@@ -1,6 +1,6 @@
 """Decoded video frames/s: DALI on the GPU (NVDEC) against the other GPU decoders and the CPU.
 
-    python -m benchmarks.video_decode --out results/          # on the GPU machine, about 5-7 min
+    python -m benchmarks.video_decode                         # on a GPU machine, minutes: results/latest
     python -m benchmarks.video_decode --out results/x264 --encode x264-default --resolutions 1080p
     python -m benchmarks.video_decode --out /tmp/vb --smoke   # any machine: tiny VP9 files, DALI CPU
 
@@ -55,7 +55,7 @@ import numpy as np
 
 from benchmarks import usage_error
 
-TARGET_1080P = 2500  # frames/s from one process (issue 6)
+TARGET_1080P = 2500  # frames/s from one process: the project's target
 RESOLUTIONS = {"1080p": (1920, 1080), "720p": (1280, 720)}
 # x264 settings of the test videos. gop48: what a training set re-encoded for random access looks
 # like (a key frame every 48 frames, 2 B-frames); x264-default: what a camera or web video usually is
@@ -73,7 +73,7 @@ ENCODES = {
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--out", type=Path, default=Path("results/latest"))
     parser.add_argument("--work", type=Path, default=None, help="where the test videos go (default: a temp dir)")
     parser.add_argument("--files", type=int, default=14, help="test videos per resolution")
     parser.add_argument("--frames", type=int, default=144, help="frames per test video")
@@ -536,7 +536,7 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
             for k in (7, 14):
                 rows.append((f"DALI legacy readers.video x{k}, 48-frame clips", kind, bench_reader,
                              dict(files=files, device=device, instances=k, seconds=seconds, seq=48, legacy=True)))
-            # the shape a loader with one pipeline per sub-shard would have (issue 14's next step):
+            # the shape a loader with one pipeline per sub-shard would have:
             # k pipelines of one legacy reader each, beside k readers in one pipeline above
             rows.append(("DALI legacy readers.video, 7 pipelines (threads)", kind, bench_pipelines,
                          dict(files=files, device=device, count=7, seconds=seconds, legacy=True)))
