@@ -78,6 +78,7 @@ def _run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_user_errors_are_one_line_and_exit_2(tmp_path):
     pytest.importorskip("torch")
     proc = _run("--data", str(tmp_path / "nowhere"), cwd=tmp_path)
@@ -95,6 +96,7 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
         "train_classification.py: error: argument -b/--batch-size: must be a positive integer, got 0 (see --help)"]
 
 
+@pytest.mark.slow
 def test_pipelines_needs_a_dali_backend_and_a_batch_it_divides(tmp_path, data_root, tiny_classification):
     """--pipelines: refused in one line, exit 2, where it cannot apply (a backend without DALI
     pipelines, a batch size it does not divide), before any training."""
