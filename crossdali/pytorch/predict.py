@@ -62,6 +62,10 @@ def load_inference_checkpoint(path: str | Path, *, map_location: str | torch.dev
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            if f.read(4) == b"PK\x03\x04":  # a zip's start without its central directory: cut short
+                raise CheckpointError(f"{path} is truncated: a PyTorch checkpoint whose end is missing (a copy or a "
+                                      "write that stopped early); use another checkpoint of the run, or copy it again")
         raise CheckpointError(f"{path} is not a PyTorch checkpoint (torch.save's zip format)")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
@@ -72,8 +76,11 @@ def load_inference_checkpoint(path: str | Path, *, map_location: str | torch.dev
             "be read with torch.load(weights_only=True). Loading it would run code from the file, so "
             "crossdali predict does not; re-save it with plain values: torch.save({'model': model.state_dict(), "
             "'config': {'arch': ..., 'crop_size': ..., 'num_classes': ...}, 'class_names': [...]}, path)") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
-        raise CheckpointError(f"{path} is not a PyTorch checkpoint torch.load can read ({e})") from None
+    except Exception as e:  # noqa: BLE001 - a damaged file fails inside torch.load in many ways (zip, pickle, UTF-8)
+        first = str(e).strip().split(". ")[0].splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(f"{path} is damaged or not a PyTorch checkpoint torch.load can read "
+                              f"({type(e).__name__}{': ' + first[:160] if first else ''}); use another checkpoint "
+                              "of the run, e.g. checkpoint_best.pth or checkpoint_last.pth") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict):
         keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{path} has no 'model' state dict (it holds {keys}); expected the keys model, "

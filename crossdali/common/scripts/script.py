@@ -2,7 +2,8 @@
 
 ``run(main, get_args_parser())`` parses the command line and calls ``main(args)``. A user's mistake
 (a bad path, flag value or file: ``DataError``, ``UsageError``) prints one line naming the thing and
-the fix and exits 2; a stop asked for by SIGTERM/SIGINT (``TrainingStopped``) prints where the
+the fix and exits 2; so does an output that cannot be written (``WriteError``, or an ``OSError`` such
+as a full disk or a read-only folder on a named file); a stop asked for by SIGTERM/SIGINT (``TrainingStopped``) prints where the
 checkpoint is and exits 128 + the signal number, as a shell reports a signal; anything else is a
 bug and keeps its traceback. ``--debug`` keeps tracebacks for everything.
 """
@@ -10,13 +11,14 @@ bug and keeps its traceback. ``--debug`` keeps tracebacks for everything.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from crossdali.common.distributed import detect_distributed
-from crossdali.common.errors import DataError, UsageError
+from crossdali.common.errors import DataError, UsageError, WriteError
 
 __all__ = ["TrainingStopped", "USER_ERRORS", "run", "configure_logging"]
 
@@ -29,8 +31,11 @@ class TrainingStopped(Exception):
         self.signum = signum
 
 
-#: Exceptions that mean "the user gave something wrong": one line, exit 2.
-USER_ERRORS: tuple[type[BaseException], ...] = (DataError, UsageError)
+#: Exceptions that mean "the user gave something wrong" (or "an output could not be written"): one line, exit 2.
+USER_ERRORS: tuple[type[BaseException], ...] = (DataError, UsageError, WriteError)
+#: An ``OSError`` with one of these on a named file is the machine's state, not a bug: one line, exit 2.
+_FILE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT,
+                          errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG})
 
 
 def configure_logging(*, is_main: bool, debug: bool = False) -> None:
@@ -64,6 +69,12 @@ def run(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentPars
         if debug:
             raise
         print(f"{_prefix(parser.prog)}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as e:
+        if debug or e.filename is None or e.errno not in _FILE_ERRNOS:
+            raise
+        _discard_unstarted_runs()
+        print(f"{_prefix(parser.prog)}: error: {e.filename}: {e.strerror}", file=sys.stderr)
         raise SystemExit(2) from None
     except TrainingStopped as e:
         print(f"{_prefix(parser.prog)}: {e}", file=sys.stderr)

@@ -29,6 +29,7 @@ from crossdali.common.data.coco import DetectionSource, coco_problems, resolve_d
 from crossdali.common.data.sources import DataSource, read_file_list, resolve_source
 from crossdali.common.data.videos import resolve_video_source, video_problems
 from crossdali.common.errors import DataError
+from crossdali.common.files import write_text_atomically
 
 __all__ = ["Report", "SplitReport", "check_before_training", "check_data", "check_source", "discover"]
 
@@ -89,11 +90,12 @@ class Report:
             "Pass this file as --exclude to a training script, or exclude= to a loader factory."))
 
     def write(self, out: str | os.PathLike) -> tuple[Path, Path]:
+        """``report.json`` and ``exclude.txt`` in ``out``, each written whole or not at all (``WriteError``
+        naming the file and the cause otherwise; a previous file stays as it was)."""
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        report, exclude = out / "report.json", out / "exclude.txt"
-        report.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
-        exclude.write_text(self.exclusion_text(), encoding="utf-8")
+        report = write_text_atomically(out / "report.json", json.dumps(self.to_json(), indent=1) + "\n",
+                                       what="check report")
+        exclude = write_text_atomically(out / "exclude.txt", self.exclusion_text(), what="exclusion list")
         return report, exclude
 
 
