@@ -97,4 +97,4 @@ def test_a_damaged_checkpoint_is_one_line_for_resume_and_predict(tiny_classifica
     for line in (resume, predict.stderr.strip()):
         assert str(bad) in line, line
     if damage == "truncated":
-        assert "is truncated" in predict.stderr, predict.stderr
+        assert "is truncated" in predict.stderr and "is truncated" in resume, (resume, predict.stderr)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import pickle
 import re
 import shutil
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from crossdali.common.errors import UsageError
+from crossdali.common.files import write_atomically
 from crossdali.pytorch.distributed import Runtime, gather_objects
 from crossdali.pytorch.training.amp import MixedPrecision
 
@@ -63,17 +64,9 @@ class TrainState:
 
 def _atomic_save(obj: Any, path: Path) -> None:
     """``torch.save`` to a temporary file in the same folder, then rename: a reader (or a resume after
-    a crash mid-write) sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
+    a crash mid-write) sees the old file or the new one, never half of one; a failed write is a
+    ``WriteError`` naming the file and the cause (``crossdali.common.files``)."""
+    write_atomically(path, lambda f: torch.save(obj, f), what="checkpoint")
 
 
 def _rng_state() -> dict:
@@ -105,9 +98,14 @@ def load_checkpoint(path: Path, *, flag: str = "--resume") -> dict:
             raise UsageError(f"{flag} {path} holds pickled Python objects (it refers to {found.group(1)}), which "
                              "could run code when loaded, so it is refused: crossdali loads checkpoints with "
                              "torch.load(weights_only=True); save only state dicts of tensors and plain values") from None
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+        with open(path, "rb") as f:
+            if f.read(4) == b"PK\x03\x04" and not zipfile.is_zipfile(path):  # a zip cut short: no directory
+                raise UsageError(f"{flag} {path} is truncated: a PyTorch checkpoint whose end is missing (a copy or "
+                                 "a write that stopped early); resume from another checkpoint of the run, e.g. "
+                                 f"{CHECKPOINT_BEST}") from None
+        reason = str(e).strip().split(". ")[0].splitlines()[0] if str(e).strip() else ""
         raise UsageError(f"{flag} {path} is not a readable PyTorch checkpoint ({type(e).__name__}"
-                         f"{': ' + reason[:200] if reason else ''})") from None
+                         f"{': ' + reason[:160] if reason else ''})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise UsageError(f"{flag} {path} is a PyTorch file but not a training checkpoint (no 'model' state dict)")
     return ckpt
@@ -147,9 +145,8 @@ class Checkpointer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             _atomic_save(payload, self.last)
             if best:  # the same bytes: copy rather than serialise the state twice
-                tmp = self.best.with_name(f".{self.best.name}.tmp-{os.getpid()}")
-                shutil.copyfile(self.last, tmp)
-                os.replace(tmp, self.best)
+                with open(self.last, "rb") as src:
+                    write_atomically(self.best, lambda f: shutil.copyfileobj(src, f), what="checkpoint")
             log.debug("saved %s (epoch %d, step %d)", self.last, state.epoch + 1, state.step)
         self.runtime.barrier()  # no rank exits (e.g. on a stop) while rank 0 is still writing
         return self.last
