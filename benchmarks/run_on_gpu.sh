@@ -45,7 +45,8 @@ export CROSSDALI_DATA=${CROSSDALI_DATA:-/tmp/crossdali-data} PYTHONPATH=$PWD${PY
 mkdir -p "$out" "$logs" "$CROSSDALI_DATA"
 
 if compgen -G ".device-stage/p?" > /dev/null; then mkdir -p /tmp/stage && mv .device-stage/p? /tmp/stage/; fi
-if ! "$py" -c "import nvidia.dali" 2> /dev/null && [ ! -d /tmp/site/nvidia/dali ] && compgen -G "/tmp/stage/p?" > /dev/null; then
+if ! "$py" -c "import nvidia.dali" 2> /dev/null && [ ! -d /tmp/site/nvidia/dali ] && compgen -G "/tmp/stage/p?" > /dev/null
+then
   cat /tmp/stage/p? | tar x -C /tmp/stage && bash /tmp/stage/install.sh || echo "DALI stage incomplete or broken" >&2
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$PYTHONPATH
@@ -86,8 +87,8 @@ run_phase() {
     classification_loaders) sample_sets; bench classification_loaders classification_loaders 580 ;;
     training_speed) sample_sets; bench training_speed training_speed 590 --framework pytorch ;;
     training_speed_jax) sample_sets; bench training_speed_jax training_speed 590 --framework jax ;;
-    training_speed_tensorflow) has tensorflow "$1" && { sample_sets; bench training_speed_tensorflow training_speed 590 --framework tensorflow \
-      --modes default --backends synthetic,dali-gpu; } ;;
+    training_speed_tensorflow) has tensorflow "$1" && { sample_sets
+      bench training_speed_tensorflow training_speed 590 --framework tensorflow --modes default --backends synthetic,dali-gpu; } ;;
     detection_loaders) bench detection_loaders detection_loaders 420 ;;
     video_decode) bench video_decode video_decode 590 --work "$CROSSDALI_DATA/video-bench" ;;
     inference) sample_sets; bench inference inference 420 ;;
