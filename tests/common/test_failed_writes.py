@@ -48,6 +48,15 @@ def test_write_atomically_keeps_the_previous_file(tmp_path):
     assert target.read_text() == "previous" and sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
+def test_a_metrics_record_over_the_limit_names_the_file(tmp_path):
+    code = ("import sys\nfrom crossdali.common.errors import WriteError\n"
+            "from crossdali.common.scripts.metrics import MetricsWriter\nw = MetricsWriter(sys.argv[1])\n"
+            "try:\n    for i in range(100):\n        w.write(event='step', step=i, note='x' * 100)\n"
+            "except WriteError as e:\n    print(e)\n")
+    proc = _run(["-c", code, str(tmp_path)], cwd=ROOT, limit=1_000)
+    assert proc.stdout.strip() == f"cannot write {tmp_path / 'metrics.jsonl'}: File too large", proc.stdout + proc.stderr
+
+
 def test_check_report_under_a_file_size_limit_is_one_line(tiny_classification, tmp_path):
     out = tmp_path / "check"
     out.mkdir()

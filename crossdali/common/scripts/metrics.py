@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from crossdali.common.errors import WriteError
+
 __all__ = ["MetricsWriter", "discard_unstarted_runs", "format_epoch_line", "format_test_line", "latest_records",
            "read_metrics", "topk_for", "val_stats"]
 
@@ -68,11 +70,14 @@ class MetricsWriter:
         if self.path is None:
             return
         record.setdefault("time", time.time())
-        if self._file is None:
-            self.created_file = self.created_file or not self.path.exists()
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open between records
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
-        self._file.flush()
+        try:
+            if self._file is None:
+                self.created_file = self.created_file or not self.path.exists()
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open between records
+            self._file.write(json.dumps(record, sort_keys=True) + "\n")
+            self._file.flush()
+        except OSError as e:  # a full disk, a file-size limit: one line naming the file, not a traceback
+            raise WriteError(f"cannot write {self.path}: {e.strerror or e}") from e
         self.events.add(str(record.get("event")))
 
     def close(self) -> None:
