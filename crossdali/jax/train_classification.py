@@ -36,6 +36,7 @@ from flax.training import train_state
 from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.data.sources import resolve_source
 from crossdali.common.distributed import detect_distributed
+from crossdali.common.files import write_atomically
 from crossdali.common.loading.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
 from crossdali.common.loading.cuda_queues import share_gpu_with_dali
 from crossdali.common.scripts import script_parsers
@@ -310,10 +311,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         metrics.write(event="epoch", epoch=epoch + 1, lr=float(schedule((epoch + 1) * steps_per_epoch - 1)), **stats)
         saved = {"state": flax.serialization.to_state_dict(jax.device_get(state)), "epoch": epoch + 1,
                  "loader": train_loader.state_dict()}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / f".{CHECKPOINT}.partial"
-        tmp.write_bytes(flax.serialization.msgpack_serialize(saved))
-        tmp.replace(run_dir / CHECKPOINT)
+        write_atomically(run_dir / CHECKPOINT, lambda f, s=saved: f.write(flax.serialization.msgpack_serialize(s)),
+                         what="checkpoint")  # a failed write: WriteError (one line), the previous checkpoint kept
         write_json(run_dir / "checkpoint.json", checkpoint_meta(**best.meta, epoch=epoch + 1, stats=stats, metric=metric,
                                                                 files=[CHECKPOINT]))
         if is_best:

@@ -27,6 +27,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from mxnet import autograd, gluon
 
 from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.data.sources import resolve_source
+from crossdali.common.errors import WriteError
 from crossdali.common.models import builder_name, models_for
 from crossdali.common.scripts import script_parsers
 from crossdali.common.scripts.defaults import resolve_defaults
@@ -255,6 +257,22 @@ def _checkpoint_paths(params: Path) -> tuple[Path, Path, Path]:
     return params, params.with_suffix(".states"), params.with_suffix(".json")
 
 
+def _save_atomically(path: Path, save) -> None:
+    """``save(filename)`` (Gluon's savers take a name) to a temporary file beside ``path``, then renamed
+    over it: a failed write (a full disk, a file-size limit) leaves the previous checkpoint loadable and
+    is one line naming the file (``WriteError``)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save(str(tmp))
+        os.replace(tmp, path)
+    except (OSError, mx.base.MXNetError) as e:  # MXNet's C++ writer says only "FileStream.Write incomplete"
+        cause = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1].removeprefix("MXNetError: ")
+        kept = f"; the previous {path.name} is unchanged" if path.is_file() else ""
+        raise WriteError(f"cannot write checkpoint {path} (a full disk or a file-size limit?): {cause}{kept}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def main(args: argparse.Namespace) -> dict[str, float]:
     try:  # before anything is launched or read: a typo must not cost a data load
         arch = resolve_arch(args.arch)
@@ -367,8 +385,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         if runtime.dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             params, states, meta = _checkpoint_paths(run_dir / CHECKPOINT)
-            net.save_parameters(str(params))
-            trainer.save_states(str(states))
+            _save_atomically(params, net.save_parameters)
+            _save_atomically(states, trainer.save_states)
             write_json(meta, checkpoint_meta(**about, epoch=epoch + 1, stats=stats, metric=metric,
                                               files=[params.name, states.name]))
             if is_best:

@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.data.sources import resolve_source
+from crossdali.common.errors import WriteError
 from crossdali.common.loading.background import fetch_ahead
 from crossdali.common.models import builder_name, canonical_name
 from crossdali.common.scripts import script_parsers
@@ -396,7 +397,12 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         metrics.write(event="epoch", epoch=epoch + 1, lr=schedule((epoch + 1) * steps_per_epoch - 1), **stats)
         epoch_var.assign(epoch + 1)
         if manager is not None:
-            prefix = Path(manager.save(checkpoint_number=epoch + 1))
+            try:
+                prefix = Path(manager.save(checkpoint_number=epoch + 1))
+            except tf.errors.OpError as e:  # a full disk, a file-size limit: one line, the previous ckpt-N kept
+                shutil.rmtree(Path(manager.directory) / f"ckpt-{epoch + 1}_temp", ignore_errors=True)
+                raise WriteError(f"cannot write checkpoint ckpt-{epoch + 1} in {manager.directory}: "
+                                 f"{e.message.rsplit('; ', 1)[-1].split(' [Op:')[0]}") from None
             if runtime.dist.is_main:  # what the last checkpoint is: class names, arch, config, its epoch
                 write_json(run_dir / "checkpoint.json", checkpoint_meta(**best.meta, epoch=epoch + 1, stats=stats,
                                                                         metric=metric, files=[prefix.name]))

@@ -107,3 +107,19 @@ def test_a_damaged_checkpoint_is_one_line_for_resume_and_predict(tiny_classifica
         assert str(bad) in line, line
     if damage == "truncated":
         assert "is truncated" in predict.stderr and "is truncated" in resume, (resume, predict.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework, module, arch", [("tensorflow", "tensorflow", "small_cnn"), ("jax", "flax", "small_cnn"),
+                                                     ("mxnet", "mxnet", "mobilenet0.25")])
+def test_a_checkpoint_over_the_limit_is_one_line_in_every_framework(framework, module, arch, tiny_classification,
+                                                                     tmp_path):
+    """Each script's first checkpoint under a 100 kB file-size limit (metrics.jsonl stays below it)."""
+    pytest.importorskip(module)
+    out = tmp_path / "run"
+    proc = _run(["-m", "crossdali", "train", "classification", "--framework", framework, "--data",
+                 str(tiny_classification / "imagefolder"), "--arch", arch, "--crop-size", "32", "--epochs", "1",
+                 "-b", "32", "--skip-check", "--output-dir", str(out)], cwd=tmp_path, limit=100_000)
+    line = _one_line(proc)
+    assert "cannot write checkpoint" in line and str(out) in line, line
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]  # no temporary file left behind

@@ -11,13 +11,13 @@ import argparse
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from crossdali.common.errors import UsageError
+from crossdali.common.files import write_atomically, write_text_atomically
 from crossdali.common.scripts.metrics import MetricsWriter, format_epoch_line, latest_records, read_metrics
 from crossdali.common.scripts.progress import EpochProgress, format_duration
 
@@ -119,10 +119,9 @@ def checkpoint_meta(*, framework: str, arch: str, num_classes: int, class_names:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` to ``path`` atomically (a reader never sees half a file)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` atomically (a reader never sees half a file; a failed write is a
+    ``WriteError`` naming it, and the previous file stays)."""
+    write_text_atomically(path, json.dumps(data, indent=1) + "\n", what="checkpoint metadata")
 
 
 class BestCheckpoint:
@@ -170,9 +169,8 @@ class BestCheckpoint:
         names = []
         for suffix, src in files.items():
             dst = self.run_dir / f"{BEST_CHECKPOINT}{suffix}"
-            tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
+            with open(src, "rb") as f:
+                write_atomically(dst, lambda out, f=f: shutil.copyfileobj(f, out), what="checkpoint")
             names.append(dst.name)
         write_json(self.meta_path, checkpoint_meta(**self.meta, epoch=epoch, stats=stats, metric=self.metric,
                                                    files=names))
