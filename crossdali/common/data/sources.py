@@ -210,9 +210,16 @@ def scan_image_folder(root: Path, *, validate: bool = True, exclude: Exclusions 
 
 
 def read_file_list(list_path: Path, *, root: Path | None = None, validate: bool = True,
-                   exclude: Exclusions | None = None, max_pixels: int | None = None) -> DataSource:
+                   exclude: Exclusions | None = None, max_pixels: int | None = None,
+                   require_files: bool = True) -> DataSource:
     """Read a DALI-style file list: one ``<path> <integer label>`` per line, paths relative to
-    ``root`` (default: the list's folder)."""
+    ``root`` (default: the list's folder).
+
+    Args:
+        validate: run the cached fast check over the listed images.
+        require_files: refuse a listed file that does not exist (after the exclusions); ``crossdali
+            check`` turns it off to report such a file as a bad sample of its own.
+    """
     list_path = Path(list_path)
     if not list_path.is_file():
         raise DataError(f"file list {list_path} does not exist")
@@ -231,10 +238,9 @@ def read_file_list(list_path: Path, *, root: Path | None = None, validate: bool 
         lines.setdefault(files[-1], lineno)
     if not files:
         raise DataError(f"file list {list_path} lists no images")
-    # exclusions first, so that a listed file that is gone can be excluded; without ``validate``
-    # (``crossdali check``) a missing file stays in, to be reported as a bad sample of its own
+    # exclusions first, so that a listed file that is gone can be excluded
     files, labels = _excluded(files, labels, exclude or Exclusions(), str(list_path))
-    missing = [f for f in files if not os.path.isfile(f)] if validate else []
+    missing = [f for f in files if not os.path.isfile(f)] if require_files else []
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise DataError(f"{list_path}:{lines[missing[0]]}: {missing[0]} does not exist{more}; restore it, remove its line, "

@@ -252,7 +252,7 @@ def _resolve_target(t: Target, *, exclude=None):
     if t.kind == "video":
         return resolve_video_source(t.folder, t.split, exclude=exclude)
     if t.folder.is_file():
-        return read_file_list(t.folder, validate=False, exclude=exclude)
+        return read_file_list(t.folder, validate=False, exclude=exclude, require_files=False)
     return resolve_source(t.folder, t.split, validate=False, exclude=exclude)
 
 
