@@ -2,7 +2,7 @@
 docs/benchmarks.md#classification-loaders).
 
     python -m benchmarks.classification_loaders                           # on a GPU machine: results/latest
-    python -m benchmarks.plot results/latest/classification_loaders.json  # bar chart next to it
+    python -m benchmarks.plot results/latest/classification_loaders.json  # redraw its PNG from the JSON
 
 Two measurements, both on the ``bench`` sample set (8,195 train JPEGs cut from real photos):
 
@@ -31,8 +31,8 @@ and GPU with the shard split over 2 and 3 pipelines (``pipelines=``, the same th
 Engine load: every loader and train row carries ``engine_load``, the mean (and max) percent of the
 GPU's SMs, NVDEC, NVJPG, ... from ``nvidia-smi dmon`` over the row's timed epochs (train rows: over
 the warm-up and timed steps); ``None`` without nvidia-smi. The raw dmon lines go to
-``dmon_classification.log``. Writes ``classification_loaders.json``, rewritten after every
-configuration, so a run cut short keeps what it measured.
+``dmon_classification.log``. Writes ``classification_loaders.json`` (default folder ``results/latest``),
+rewritten after every configuration, so a run cut short keeps what it measured, and at the end its PNG.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ import torch
 from benchmarks import round_spread, usage_error
 from benchmarks.engine_load import EngineLoad
 from benchmarks.loader_rows import environment, sync, time_epochs, write_report
+from benchmarks.plot import plot_classification
 from crossdali.common.data.sample_data import ensure_classification
 from crossdali.common.data.sources import resolve_source
 from crossdali.common.loading.cuda_queues import QUEUES, share_gpu_with_dali
@@ -751,7 +752,10 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         if base in by_name:
             report[key] = {name: img_s / by_name[base] for name, img_s in by_name.items()}
     write_report(path, report)
-    print(f"wrote {path}")
+    png = path.with_suffix(".png")
+    if any("img_s" in r for r in results) or any("img_s" in r for r in train):  # matplotlib optional: no PNG without
+        plot_classification(report, png)
+    print(f"wrote {path}" + (f" and {png}" if png.exists() else ""))
     return report
 
 
