@@ -26,11 +26,12 @@ slice, every clip once per epoch, one DALI checkpoint per pipeline). Its default
 in training and up to ``GPU_VIDEO_PIPELINES`` for val.
 
 Several clips per read (``clips_per_read``, train): the reader cuts ``clips_per_read`` consecutive
-clips as one sequence and ``_split_read`` hands them out as separate clips (the loader unfolds the
-batch), so a file's frames are decoded once for all of them instead of once per shuffled clip from
-the key frame before it. The clips of a read share their crop window and flip (DALI's crop, resize
-and mirror take no per-frame arguments) and arrive in one batch; reads are shuffled. Padding reads
-of a short last step are decoded too, so on a small set whole steps read faster.
+clips as one sequence, so a file's frames are decoded once for all of them instead of once per
+shuffled clip from the key frame before it; ``_per_clip`` slices the read into its clips and gives
+each its own crop window and flip (DALI's random operators draw once per sample, and a sample is a
+read), and the loader unfolds the reads of a batch into clips. The clips of a read arrive in the same
+batch; reads are shuffled. Padding reads of a short last step are decoded too, so on a small set whole
+steps read faster.
 
 The optical-flow pipeline is ``crossdali.common.optical_flow``.
 """
@@ -262,22 +263,15 @@ def create_clip_pipeline(
         out = video_reader(source.files, source.labels, sequence_length=read.sequence_length, stride=t.stride,
                             step=read.clip_step, shuffle=train, opts=opts, frame_num=with_frame_num, reader=reader)
         clips, labels = out[0], out[1]
-        if train:
-            clips = fn.random_resized_crop(clips, size=(t.crop_size, t.crop_size),
-                                           random_area=list(t.random_area),
-                                           random_aspect_ratio=list(t.random_aspect_ratio),
-                                           interp_type=types.INTERP_LINEAR, antialias=True)
-            mirror = fn.random.coin_flip(probability=t.hflip) if t.hflip > 0 else False
+        if train:  # each clip its own crop window and flip, also the clips of one read
+            clips = _per_clip(clips, t, lambda clip: _train_clip(clip, t, dtype))
         else:
             clips = fn.resize(clips, resize_shorter=t.val_resize_size, interp_type=types.INTERP_LINEAR,
                               antialias=True)
-            mirror = False
-        clips = fn.crop_mirror_normalize(clips, dtype=dtype, output_layout=t.output_layout,
-                                         crop=(t.crop_size, t.crop_size), mean=list(t.mean), std=list(t.std),
-                                         mirror=mirror)
+            clips = fn.crop_mirror_normalize(clips, dtype=dtype, output_layout=t.output_layout,
+                                             crop=(t.crop_size, t.crop_size), mean=list(t.mean), std=list(t.std))
         labels = fn.cast(labels, dtype=types.INT64)
-        if k > 1:  # a read of k clips -> (k, clip...): the loader unfolds (N, k, ...) batches into (N * k, ...)
-            clips = _split_read(clips, t)
+        if k > 1:  # a read of k clips is (k, clip...): the loader unfolds (N, k, ...) batches into (N * k, ...)
             labels = fn.cat(*[labels] * k)
         outputs = [clips, labels.gpu() if opts.device == "gpu" and labels.device == "cpu" else labels]
         if with_frame_num:
@@ -290,15 +284,33 @@ def create_clip_pipeline(
     return clip_pipeline()
 
 
-def _split_read(clips, t: ClipTransform):
-    """One read's ``clips_per_read * sequence_length`` frames as ``clips_per_read`` clips in ``t``'s layout:
-    ``(k, F, H, W, C)`` from FHWC (a reshape), ``(k, C, F, H, W)`` from CFHW (a reshape and a transpose)."""
+def _train_clip(clip, t: ClipTransform, dtype):
+    """One training clip: a random-resized crop window and a coin-flip mirror drawn once for the clip
+    (the same for all of its frames), normalized into ``t``'s layout."""
+    from nvidia.dali import fn, types  # defer
+
+    clip = fn.random_resized_crop(clip, size=(t.crop_size, t.crop_size), random_area=list(t.random_area),
+                                  random_aspect_ratio=list(t.random_aspect_ratio), interp_type=types.INTERP_LINEAR,
+                                  antialias=True)
+    mirror = fn.random.coin_flip(probability=t.hflip) if t.hflip > 0 else False
+    return fn.crop_mirror_normalize(clip, dtype=dtype, output_layout=t.output_layout, crop=(t.crop_size, t.crop_size),
+                                    mean=list(t.mean), std=list(t.std), mirror=mirror)
+
+
+def _per_clip(frames, t: ClipTransform, transform):
+    """``transform`` applied to each clip of a read on its own: the read's ``clips_per_read * sequence_length``
+    frames sliced into ``clips_per_read`` clips along F, each transformed with its own random draws, and
+    stacked into ``(clips_per_read, clip...)`` (the clip itself when ``clips_per_read`` is 1). Each
+    operator draws one set of random parameters per sample, so one crop per read would otherwise
+    serve all of its clips; per-clip operators cost ``clips_per_read`` operator calls on a
+    ``1 / clips_per_read`` share of the frames each, and one more copy of the read's frames."""
     from nvidia.dali import fn  # defer
 
-    k, f, c = t.clips_per_read, t.sequence_length, t.crop_size
-    if t.output_layout == "FHWC":
-        return fn.reshape(clips, shape=[k, f, c, c, 3], layout="NFHWC")
-    return fn.transpose(fn.reshape(clips, shape=[3, k, f, c, c], layout="CNFHW"), perm=[1, 0, 2, 3, 4])
+    k, f = t.clips_per_read, t.sequence_length
+    if k == 1:
+        return transform(frames)
+    clips = [transform(fn.slice(frames, start=[i * f], shape=[f], axis_names="F")) for i in range(k)]
+    return fn.stack(*clips, axis=0, axis_name="N")
 
 
 def explain_video_failure(source: DataSource, error: Exception, *, device: str = "cpu") -> Exception:

@@ -71,6 +71,61 @@ def test_a_read_of_three_clips_gives_the_clips_read_one_at_a_time(tiny_video):
         np.testing.assert_array_equal(clip, single[key], err_msg=str(key))
 
 
+def _windows(src, *, clips_per_read: int, seed: int) -> dict:
+    """{(file index, first frame): (x, y, mirrored)} of every training clip of an epoch: each clip found as a
+    32x32 window (a quarter of the 64x64 frame, so the crop is not rescaled) of its full frames, one window
+    and one mirror for all of its frames, pixel for pixel."""
+    from crossdali.common.options import PipelineOptions
+    from crossdali.common.video import VIDEO_READER_NAME, ClipTransform, create_clip_pipeline
+
+    def epoch(k, *, crop, area, hflip):
+        t = ClipTransform(sequence_length=4, stride=2, crop_size=crop, random_area=(area, area), hflip=hflip,
+                          random_aspect_ratio=(1.0, 1.0), output_layout="FHWC", mean=(0, 0, 0), std=(1, 1, 1),
+                          clips_per_read=k)
+        opts = PipelineOptions(batch_size=2, num_threads=2, device="cpu", device_id=None, seed=seed)
+        pipe = create_clip_pipeline(src, train=True, options=opts, transform=t, with_frame_num=True)
+        pipe.build()
+        reads = []
+        for _ in range(-(-pipe.epoch_size(VIDEO_READER_NAME) // 2)):
+            clips, labels, frames = pipe.run()
+            for c, lbl, f in zip(clips.as_array(), labels.as_array(), frames.as_array(), strict=True):
+                keys = [(int(a), int(b)) for a, b in zip(np.atleast_1d(lbl), np.atleast_1d(f), strict=True)]
+                reads.append(dict(zip(keys, c[None] if k == 1 else c, strict=True)))
+        return reads
+
+    full = {key: clip for read in epoch(1, crop=64, area=1.0, hflip=0.0) for key, clip in read.items()}
+    out = []
+    for read in epoch(clips_per_read, crop=32, area=0.25, hflip=0.5):
+        found = {}
+        for key, clip in read.items():
+            frames = full[key].astype(np.float32)
+            err, x, y, m = min((float(np.abs(clip - (w[:, :, ::-1] if m else w)).max()), x, y, m)
+                               for x in range(33) for y in range(33) for m in (False, True)
+                               for w in [frames[:, y:y + 32, x:x + 32]])
+            assert err < 0.5, (key, err)  # all of the clip's frames: one window, one mirror
+            found[key] = (x, y, m)
+        out.append(found)
+    return out
+
+
+def test_each_clip_of_a_read_gets_its_own_crop_and_flip(tiny_video):
+    """Reads of 3 clips: every clip is one crop window and one mirror of its own frames (the same for all of
+    them), the windows and flips differ between the clips of a read, each clip of the epoch comes once, and
+    the same seed draws the same ones."""
+    from crossdali.common.video import resolve_video_source
+
+    val = _indexed(resolve_video_source(tiny_video, "val"))
+    src = type(val)(format="filelist", root=val.root, files=val.files[:8], labels=val.labels[:8], num_samples=8)
+    reads = _windows(src, clips_per_read=3, seed=3)
+    keys = [key for read in reads for key in read]
+    assert set(keys) == _expected(src, clips_per_read=3, need=lambda k: 8 * k)
+    assert len(reads) == 8  # one read per file: the padded last step repeats none here
+    assert all(len(set(read.values())) == 3 for read in reads)  # three different windows per read
+    flips = [{m for _, _, m in read.values()} for read in reads]
+    assert sum(len(f) == 2 for f in flips) >= 3  # mirrored and not inside one read
+    assert _windows(src, clips_per_read=3, seed=3) == reads
+
+
 def _loader(data, **kw):
     from crossdali.pytorch.video import create_video_loader
 
