@@ -55,7 +55,7 @@ def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classificat
     # the best val top-1's checkpoint: copies of that epoch's files; its weights load into a fresh
     # net, and evaluating them reproduces that top-1 exactly
     best = assert_best_checkpoint(out, framework="mxnet", suffixes=[".params", ".states"],
-                                  config={"arch": "resnet18_v1", "epochs": EPOCHS, "crop_size": 64})
+                                  config={"arch": "resnet18", "epochs": EPOCHS, "crop_size": 64})  # the shared name
     from mxnet import gluon
 
     gluon.model_zoo.vision.get_model(best["arch"], classes=best["num_classes"]).load_parameters(
@@ -71,7 +71,7 @@ def test_training_beats_chance_and_resumes(tmp_path, data_root, tiny_classificat
                            "--output-dir", str(out)], env=_env(data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["epoch"] for r in read_metrics(out) if r["event"] == "epoch"] == list(range(1, EPOCHS + 2))
-    assert_best_checkpoint(out, framework="mxnet", suffixes=[".params", ".states"], config={"arch": "resnet18_v1"})
+    assert_best_checkpoint(out, framework="mxnet", suffixes=[".params", ".states"], config={"arch": "resnet18"})
 
 
 def test_bad_resume_path_is_named(tmp_path, data_root, tiny_classification):
@@ -87,7 +87,8 @@ def test_bad_arch_fails_before_any_data_is_read(tmp_path, data_root):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr[-2000:]  # one line, no traceback, and not the --data error
-    assert "--arch 'resnet18x'" in lines[0] and "choose one of: resnet18_v1," in lines[0] and "mobilenet0.25" in lines[0]
+    assert "argument --arch: unknown model 'resnet18x' (closest: resnet18" in lines[0], lines
+    assert "`crossdali models --framework mxnet` lists them" in lines[0]
 
 
 def test_pytorch_flags_are_accepted_and_said(tmp_path, data_root, tiny_classification, assert_finished_run):
