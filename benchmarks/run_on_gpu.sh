@@ -71,6 +71,10 @@ bench() {  # bench STEP MODULE SECONDS FLAGS...: a benchmark into OUT; its side 
   [ "$out/logs" -ef "$logs" ] || mv -f "$out/logs" "$logs/${name}_logs" 2> /dev/null
 }
 has() { "$py" -c "import $1" 2> /dev/null || { echo "$2: skipped, $1 is not importable" | tee -a "$logs/steps.txt"; false; }; }
+with_gpu() {  # with_gpu SRC DST: a JSON written by crossdali itself, copied with the GPU model added ("gpu")
+  "$py" -c "import json, sys; d = json.load(open(sys.argv[1])); d.setdefault('gpu', sys.argv[3]); \
+open(sys.argv[2], 'w').write(json.dumps(d, indent=2) + '\n')" "$1" "$2" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+}
 sample_sets() {  # JPEG folders and WebDataset shards only: the staged tfrecord wheel does not import here
   step sample_sets 300 "$py" -m crossdali make-data --kind classification --size bench --formats imagefolder,webdataset
 }
@@ -80,9 +84,9 @@ run_phase() {
     tests) step gpu_tests 580 "$py" -m pytest tests -m gpu -rA -p no:cacheprovider -q --durations=15
       cp "$logs/gpu_tests.log" "$out/" ;;
     parity) step parity_gpu 300 "$py" -m crossdali.parity gpu --out "$logs/parity_gpu" \
-      && cp "$logs/parity_gpu/summary.json" "$out/parity_gpu.json" ;;
+      && with_gpu "$logs/parity_gpu/summary.json" "$out/parity_gpu.json" ;;
     optical_flow) step optical_flow 120 "$py" -m crossdali.video.optical_flow --sample-size gpu-tiny \
-      --output-dir "$logs/optical_flow" && cp "$logs/optical_flow/summary.json" "$out/optical_flow.json" \
+      --output-dir "$logs/optical_flow" && with_gpu "$logs/optical_flow/summary.json" "$out/optical_flow.json" \
       && cp "$logs/optical_flow/optical_flow.png" "$out/" ;;
     classification_loaders) sample_sets; bench classification_loaders classification_loaders 580 ;;
     training_speed) sample_sets; bench training_speed training_speed 590 --framework pytorch ;;
