@@ -126,7 +126,7 @@ def test_bad_resume_path_and_arch_are_clear_errors(data_root, tiny_classificatio
         get_args_parser().parse_args([*FAST, "--epochs", "1", "--arch", "vgg"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "argument --arch: invalid choice: 'vgg' (choose from 'resnet18', 'resnet34', 'resnet50', 'small_cnn')" in err
+    assert "argument --arch: unknown model 'vgg' (`crossdali models --framework jax` lists them)" in err
 
 
 def test_multi_label_training_scores_map_and_keeps_the_best_by_it(data_root, tmp_path, monkeypatch):
