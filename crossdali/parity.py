@@ -3,7 +3,7 @@
     python -m crossdali.parity dump --framework pytorch --out .cache/parity      # in the torch env
     python -m crossdali.parity dump --framework tensorflow --out .cache/parity   # in the TF env
     python -m crossdali.parity compare .cache/parity                             # anywhere with numpy
-    python -m crossdali.parity gpu --out results/parity_gpu                      # GPU machine, all frameworks there
+    python -m crossdali.parity gpu --out /tmp/parity_gpu                          # GPU machine, all frameworks there
 
 ``dump`` runs the shared train pipeline (fixed seed) and val pipeline (``dali-cpu`` by default,
 ``--backend dali-gpu`` on a GPU) through THAT framework's wrapper, and, where the framework wraps

@@ -65,7 +65,7 @@ def patched(jpeg: bytes, marker: int, offset: int, value: int) -> bytes:
 def _bogus_huffman_table(jpeg: bytes) -> bytes:
     """A JPEG whose first Huffman table claims 255 codes of length 1: every marker is in place (the
     fast pass accepts it), and both of DALI's decoders refuse it when they parse the stream
-    (benchmarks/decode_failure_probe.py)."""
+    (benchmarks/probes/decode_failure_probe.py)."""
     return patched(jpeg, 0xC4, 1, 255)
 
 

@@ -23,8 +23,8 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 # SSD300 / ResNet-18 from random weights, 60 epochs of the 256-image small sample set, batch 32.
-# Measured on the H100: mAP@0.5 0.95 (2026-11-22) and 0.91 (2026-11-23, results/gpu_tests/); the
-# threshold leaves room for seed-to-seed spread, not for a broken pipeline (random boxes score ~0).
+# This run reaches mAP@0.5 of about 0.9 on a GPU; the threshold leaves
+# room for seed-to-seed spread, not for a broken pipeline (random boxes score ~0).
 MAP50_THRESHOLD = 0.75
 
 

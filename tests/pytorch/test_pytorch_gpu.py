@@ -1,7 +1,7 @@
 """GPU paths of the classification pipeline (mixed decoder, hardware JPEG decoder).
 
-Skipped where no CUDA GPU is visible; run on the GPU machine by ``benchmarks/gpu_session.sh core``,
-whose logs are committed under results/gpu_tests/.
+Skipped where no CUDA GPU is visible; run on the GPU machine by ``bash benchmarks/run_on_gpu.sh tests``,
+whose log is committed as results/latest/gpu_tests.log.
 """
 
 from __future__ import annotations
@@ -48,9 +48,8 @@ def test_gpu_val_close_to_cpu_val(tiny_classification, hw_decoder_load):
 
 def test_gpu_channels_last_same_values_float16_close(tiny_classification):
     """DALI's GPU kernels writing NHWC (the ``channels_last`` view) give the very values of NCHW. In
-    float16 they are close to float32's but not float32's rounded once: on an H100 (2026-11-27,
-    results/gpu_tests/pytorch_gpu_tests_float16_equal_2026-11-27.log) an equality check failed with
-    values one and two float16 steps apart, so the training script keeps float32 batches."""
+    float16 they are close to float32's but not float32's rounded once (an equality check failed with
+    values one and two float16 steps apart), so the training script keeps float32 batches."""
     kw = dict(train=False, backend="dali-gpu", batch_size=16, crop_size=64)
     data = tiny_classification / "imagefolder"
     plain = [x for x, _ in create_classification_loader(data, **kw)]
