@@ -229,7 +229,10 @@ def _checkpoint_path(path: Path) -> Path:
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    if not args.debug:  # JAX's own INFO lines (e.g. "Unable to initialize backend 'tpu'") before crossdali's first
+        logging.getLogger("jax").setLevel(logging.WARNING)
     dist = detect_distributed()
     if dist.is_distributed:
         raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes, but the JAX example trains in one "
