@@ -52,8 +52,10 @@ __all__ = [
     "KINETICS_MEAN",
     "KINETICS_STD",
     "VIDEO_READER_NAME",
+    "DEFAULT_CLIPS_PER_READ",
     "ClipTransform",
     "create_clip_pipeline",
+    "default_clips_per_read",
     "default_video_pipelines",
     "explain_video_failure",
     "read_batch_size",
@@ -72,6 +74,10 @@ GPU_VIDEO_PIPELINES = 7
 #: The same for training (clips shuffled): two per engine, which kept them busiest
 #: (docs/benchmarks.md#video-decoding).
 GPU_TRAIN_PIPELINES = 14
+#: Clips of one read in training by default (``clips_per_read=None``): 3 clips of 16 frames are the
+#: 48 frames between the key frames of a set re-encoded for training, so each read decodes from its own
+#: key frame once for all of its clips (docs/benchmarks.md#video-decoding).
+DEFAULT_CLIPS_PER_READ = 3
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,26 @@ def default_video_pipelines(device: str, batch_size: int, *, train: bool = True,
     reads = batch_size // clips_per_read
     cap = GPU_TRAIN_PIPELINES if train else GPU_VIDEO_PIPELINES
     return max(k for k in range(1, min(cap, max(1, reads)) + 1) if reads % k == 0)
+
+
+def default_clips_per_read(batch_size: int, *, train: bool, transform: ClipTransform,
+                           num_frames: Sequence[int] = (), pipelines: int | None = None) -> int:
+    """``clips_per_read=None`` of the video loaders: 1 for val (clips in file order decode on from one to
+    the next anyway); in training the largest of ``DEFAULT_CLIPS_PER_READ`` .. 1 that divides ``batch_size``
+    into whole reads (that ``pipelines``, if given, can share) and whose read the shortest file
+    (``num_frames``: every file's frame count, if probed) holds, so the default never refuses a set
+    that one clip per read accepts; 1 where clips do not touch (``step`` other than
+    ``sequence_length * stride``), which reads cannot cut."""
+    if not train or transform.clip_step != transform.sequence_length * transform.stride:  # reads: touching clips
+        return 1
+    shortest = min(num_frames, default=None)
+    for k in range(DEFAULT_CLIPS_PER_READ, 1, -1):
+        if batch_size % k or (pipelines and (batch_size // k) % pipelines):
+            continue
+        if shortest is not None and shortest < replace(transform, clips_per_read=k).read.frames_needed:
+            continue
+        return k
+    return 1
 
 
 def read_batch_size(batch_size: int, clips_per_read: int, *, train: bool, pipelines: int | None = None) -> int:

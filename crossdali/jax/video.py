@@ -41,7 +41,7 @@ def create_video_loader(
     validate: bool = True,
     checkpointing: bool = True,
     pipelines: int | None = None,
-    clips_per_read: int = 1,
+    clips_per_read: int | None = None,
 ) -> DALILoader:
     """An iterable of ``(clips, labels)`` for the train or val split of ``data``.
 
@@ -76,8 +76,9 @@ def create_video_loader(
         checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
         pipelines: DALI pipelines in this process, each reading its own part of the shard
             (``crossdali.pytorch.create_video_loader`` says more).
-        clips_per_read: train only: consecutive clips read as one sequence and handed out as separate clips
-            (``crossdali.pytorch.create_video_loader`` says when it pays).
+        clips_per_read: train only: consecutive clips read as one sequence and handed out as separate clips,
+            each with its own crop and flip; ``None``: 3 where the batch and the files allow
+            (``crossdali.pytorch.create_video_loader`` says more).
     """
     _no_native(backend)
     split = plan_video_split(data, train=train, backend=backend, batch_size=batch_size, sequence_length=sequence_length,

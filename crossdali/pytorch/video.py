@@ -40,7 +40,7 @@ def create_video_loader(
     validate: bool = True,
     checkpointing: bool = True,
     pipelines: int | None = None,
-    clips_per_read: int = 1,
+    clips_per_read: int | None = None,
 ) -> DALILoader:
     """PyTorch ``(clips, labels)`` batches of the train or val split of a video dataset.
 
@@ -79,11 +79,14 @@ def create_video_loader(
             (docs/benchmarks.md#video-decoding). The clip order and augmentation differ between
             values, and a ``state_dict`` resumes only into a loader with the same count.
         clips_per_read: train only: DALI reads that many consecutive clips as one sequence and hands
-            them out as separate clips, so a file's frames are decoded once for all of them instead
-            of once per clip from the key frame before it. Worth it where key frames are further
-            apart than a clip (docs/benchmarks.md#video-decoding). The clips of one read share their
-            crop and flip and arrive in the same batch; a file's last clips that do not fill a read
-            are not read (the loader logs how many). ``batch_size`` must be a multiple of it.
+            them out as separate clips, each with its own random crop and flip, so a file's frames are
+            decoded once for all of them instead of once per clip from the key frame before it
+            (docs/benchmarks.md#video-decoding). ``None`` (default): 1 for val; in training
+            ``crossdali.common.video.DEFAULT_CLIPS_PER_READ`` (3), or the largest smaller count that
+            divides ``batch_size`` and fits the shortest file (``default_clips_per_read``). The clips of
+            one read arrive in the same batch; a file's last clips that do not fill a read are not read
+            (the loader logs how many; docs/video.md says what this costs). ``batch_size`` must be a
+            multiple of it. 1 reads every clip on its own.
     """
     split = plan_video_split(data, train=train, backend=backend, batch_size=batch_size, sequence_length=sequence_length,
                              stride=stride, step=step, crop_size=crop_size, hflip=hflip, layout=layout, dtype=dtype,

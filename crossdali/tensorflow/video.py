@@ -51,7 +51,7 @@ def create_video_loader(
     last_batch: str | None = None,
     validate: bool = True,
     checkpointing: bool = False,
-    clips_per_read: int = 1,
+    clips_per_read: int | None = None,
 ) -> DALILoader:
     """A loader of ``(clips, labels)`` TF batches for the train or val split of ``data``.
 
@@ -84,8 +84,9 @@ def create_video_loader(
         validate: probe every file first, so a bad one fails with its name and the fix.
         checkpointing: must stay off: ``DALIDataset`` cannot restore a DALI checkpoint, so ``state_dict`` is
             epoch-level.
-        clips_per_read: train only: consecutive clips read as one sequence and handed out as separate clips
-            (``crossdali.pytorch.create_video_loader`` says when it pays).
+        clips_per_read: train only: consecutive clips read as one sequence and handed out as separate clips,
+            each with its own crop and flip; ``None``: 3 where the batch and the files allow
+            (``crossdali.pytorch.create_video_loader`` says more).
     """
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
@@ -97,8 +98,9 @@ def create_video_loader(
     # the twin runs on the loader's device: the CPU cannot decode H.264
     return DALILoader(split.plan, options, split.build, names=("clips", "labels"), reader_name=VIDEO_READER_NAME,
                       twin_on_cpu=False, output_shapes=(_clip_shape(split.transform, split.plan.batch_size),
-                                                        (split.plan.batch_size, clips_per_read)),
-                      unfold=clips_per_read, output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
+                                                        (split.plan.batch_size, split.transform.clips_per_read)),
+                      unfold=split.transform.clips_per_read,
+                      output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
                       explain=split.explain)
 
 

@@ -265,3 +265,24 @@ def test_gpu_legacy_reader_reads_give_the_clips_read_one_at_a_time(gpu_video):
     for key, clip in grouped.items():
         diff = np.abs(clip.astype(np.float32) - single[key].astype(np.float32))
         assert float(diff.mean()) < 0.05, (key, float(diff.mean()))
+
+
+def test_the_default_reads_three_clips_where_the_batch_and_the_files_allow(tiny_video):
+    """``clips_per_read=None``: 3 in training; 2 or 1 where the batch does not split into reads of 3 or the
+    32-frame files hold no read of 3 (16-frame clips); 1 for val and for clips that do not touch."""
+    from crossdali.common.video import DEFAULT_CLIPS_PER_READ, ClipTransform, default_clips_per_read
+
+    assert DEFAULT_CLIPS_PER_READ == 3
+    t = ClipTransform(sequence_length=8, stride=2)
+    assert default_clips_per_read(24, train=True, transform=t) == 3
+    assert default_clips_per_read(16, train=True, transform=t) == 2
+    assert default_clips_per_read(7, train=True, transform=t) == 1
+    assert default_clips_per_read(24, train=True, transform=t, num_frames=[48, 100]) == 3
+    assert default_clips_per_read(24, train=True, transform=t, num_frames=[47, 100]) == 2
+    assert default_clips_per_read(24, train=True, transform=t, pipelines=12) == 2  # 12 reads split over 12, 8 do not
+    assert default_clips_per_read(24, train=False, transform=t) == 1
+    assert default_clips_per_read(24, train=True, transform=ClipTransform(sequence_length=8, stride=2, step=8)) == 1
+    for kw, k in ((dict(batch_size=6, sequence_length=4), 3), (dict(batch_size=6, sequence_length=8), 2),
+                  (dict(batch_size=6, sequence_length=4, train=False, last_batch=None), 1)):
+        loader = _loader(tiny_video, **(kw | {"clips_per_read": None}))
+        assert loader.unfold == k, kw

@@ -260,14 +260,17 @@ def video_problems(files: Sequence[str], *, device: str, transform: ClipGeometry
 
 
 def check_videos(files: Sequence[str], *, device: str, transform: ClipGeometry | None = None,
-                 threads: int = 8) -> list[VideoInfo]:
+                 threads: int = 8, infos: Sequence[VideoInfo] | None = None) -> list[VideoInfo]:
     """Probe every file and raise ``DataError`` (naming the file and the fix) for one that the
     reader would decode wrongly or skip silently: missing, not a video, a codec the device cannot
-    decode, a variable frame rate, or fewer frames than one clip needs."""
+    decode, a variable frame rate, or fewer frames than one clip needs. ``infos``: these files
+    already probed (checked again for ``transform``, not probed again)."""
     if not files:
         raise DataError("no video files given")
-    with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
-        infos = list(pool.map(probe_video, files))
+    if infos is None:
+        with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
+            infos = list(pool.map(probe_video, files))
+    infos = list(infos)
     for info in infos:
         found = _info_problem(info, device=device, transform=transform)
         if found is not None:
@@ -307,15 +310,15 @@ def _first_codec(path: str) -> str | None:
 
 
 def count_clips(source: DataSource, *, device: str, transform: ClipGeometry, shuffle: bool = True,
-                validate: bool = True) -> tuple[int, str]:
+                validate: bool = True, infos: Sequence[VideoInfo] | None = None) -> tuple[int, str]:
     """``(clips per epoch, reader)`` for a loader over ``source``'s files, clips shuffled (train) or
     in file order (val). ``validate`` probes every file (``check_videos``); without it the first
     file's codec picks the reader and the count is ``source.num_samples`` (a lower bound: the files
-    are not read)."""
+    are not read). ``infos``: ``source``'s files already probed (``check_videos``)."""
     if not validate:
         codec = _first_codec(source.files[0]) if source.files else None
         return source.num_samples, clip_reader(device, [codec] if codec else [], shuffle=shuffle)
-    infos = check_videos(source.files, device=device, transform=transform)
+    infos = check_videos(source.files, device=device, transform=transform, infos=infos)
     reader = clip_reader(device, (i.codec for i in infos), shuffle=shuffle)
     clips = clips_per_epoch(infos, transform, reader=reader)
     if reader == "legacy" and transform.clips_per_read == 1:
@@ -325,7 +328,8 @@ def count_clips(source: DataSource, *, device: str, transform: ClipGeometry, shu
         if single > clips:  # not silent: the files' last clips that do not fill a read are not read
             log.warning("%s: clips_per_read=%d gives %d clips an epoch where reading one clip at a time gives %d: the "
                         "last %d clips of some files do not fill a read and are not read (files of a multiple of %d "
-                        "frames lose none)", source.root, transform.clips_per_read, clips, single, single - clips,
+                        "frames lose none; clips_per_read=1, --clips-per-read 1, reads them all)",
+                        source.root, transform.clips_per_read, clips, single, single - clips,
                         transform.read.clip_step)
     return clips, reader
 
@@ -342,7 +346,8 @@ def _hint_clips_per_read(source: DataSource, infos: Sequence[VideoInfo], transfo
         return
     log.warning("%s: the videos have a key frame every %d frames (median) and a clip starts every %d, so NVDEC decodes "
                 "each shuffled clip from the key frame up to %d frames before it. clips_per_read=%d (--clips-per-read "
-                "%d) decodes %d clips from one key frame at once (their crop, flip and batch are shared: docs/video.md; "
+                "%d) decodes %d clips from one key frame at once (each keeps its own crop and flip; they share a batch: "
+                "docs/video.md; "
                 "docs/benchmarks.md#video-decoding has the rates), or re-encode with a "
                 "key frame at every clip start: python -m crossdali.video.reencode IN OUT.mp4 --key-every %d",
                 source.root, interval, step, interval - step, k, k, k, step)
@@ -352,14 +357,16 @@ class ClipCounter:
     """``prepare_split``'s ``count`` for a clip loader: ``count_clips`` on the split's source, keeping
     the reader it picked in ``reader`` so the loader's pipelines read with the one the count is for."""
 
-    def __init__(self, *, device: str, transform: ClipGeometry, shuffle: bool, validate: bool) -> None:
+    def __init__(self, *, device: str, transform: ClipGeometry, shuffle: bool, validate: bool,
+                 infos: Sequence[VideoInfo] | None = None) -> None:
         self.device, self.transform, self.shuffle, self.validate = device, transform, shuffle, validate
+        self.infos = infos  #: the split's files already probed, or None
         self.reader: str | None = None  # set by the call (prepare_split counts before pipelines are built)
 
     def __call__(self, source: DataSource) -> int:
         """DALI samples per epoch: clips, or reads of ``clips_per_read`` clips."""
         clips, self.reader = count_clips(source, device=self.device, transform=self.transform,
-                                         shuffle=self.shuffle, validate=self.validate)
+                                         shuffle=self.shuffle, validate=self.validate, infos=self.infos)
         return clips // self.transform.clips_per_read if self.validate else clips
 
 

@@ -8,11 +8,11 @@ shapes), so what they decide about clips lives here once (``plan_video_split``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crossdali.common.data.sources import DataSource
-from crossdali.common.data.videos import ClipCounter, resolve_video_source
+from crossdali.common.data.videos import ClipCounter, check_videos, resolve_video_source
 from crossdali.common.distributed import DistInfo
 from crossdali.common.loading.epochs import LastBatchPolicy
 from crossdali.common.loading.loaders import SplitPlan, prepare_split
@@ -20,6 +20,7 @@ from crossdali.common.video import (
     VIDEO_READER_NAME,
     ClipTransform,
     create_clip_pipeline,
+    default_clips_per_read,
     default_video_pipelines,
     explain_video_failure,
     read_batch_size,
@@ -75,7 +76,7 @@ def plan_video_split(
     dist: DistInfo | None,
     last_batch: str | None,
     validate: bool,
-    clips_per_read: int = 1,
+    clips_per_read: int | None = None,
     pipelines: int | None = 1,
     with_frame_num: bool = False,
     require: Callable[[str], None] | None = None,
@@ -85,20 +86,32 @@ def plan_video_split(
 
     ``pipelines=None`` picks ``default_video_pipelines``; ``require(backend)`` (the framework's GPU
     check) runs after the arguments are checked and before any file is read; ``policies``: the
-    last-batch policies the framework's loader supports (``prepare_split``'s default if None).
+    last-batch policies the framework's loader supports (``prepare_split``'s default if None);
+    ``clips_per_read=None`` picks ``default_clips_per_read`` (the files are probed first, once, to
+    find the shortest).
     """
     if layout not in VIDEO_LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(VIDEO_LAYOUTS)}, got {layout!r}")
     transform = ClipTransform(sequence_length=sequence_length, stride=stride, step=step, crop_size=crop_size,
-                              hflip=hflip if train else 0.0, output_layout=VIDEO_LAYOUTS[layout], dtype=dtype,
-                              clips_per_read=clips_per_read)
+                              hflip=hflip if train else 0.0, output_layout=VIDEO_LAYOUTS[layout], dtype=dtype)
     device = "gpu" if backend == "dali-gpu" else "cpu"
+    infos, required = None, clips_per_read is None and require is not None
+    if clips_per_read is None:
+        if require is not None:  # before the files are read
+            require(backend)
+        if train and validate and backend in VIDEO_BACKENDS:
+            data = data if isinstance(data, DataSource) else resolve_video_source(data, "train")
+            if data.files:  # probed once here, counted below without probing again
+                infos = check_videos(data.files, device=device, transform=transform)
+        clips_per_read = default_clips_per_read(batch_size, train=train, transform=transform, pipelines=pipelines,
+                                                num_frames=[i.num_frames for i in infos or ()])
+    transform = replace(transform, clips_per_read=clips_per_read)
     reads = read_batch_size(batch_size, clips_per_read, train=train, pipelines=pipelines)
     if pipelines is None:
         pipelines = default_video_pipelines(device, batch_size, train=train, clips_per_read=clips_per_read)
     # clips per epoch (probing the files also validates them) and the DALI reader they are counted for
-    count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate)
-    if require is not None:
+    count = ClipCounter(device=device, transform=transform, shuffle=train, validate=validate, infos=infos)
+    if require is not None and not required:
         require(backend)
     plan = prepare_split(data, train=train, backend=backend, backends=VIDEO_BACKENDS, source_type=DataSource,
                          resolve=resolve_video_source, batch_size=reads, dist=dist, last_batch=last_batch,

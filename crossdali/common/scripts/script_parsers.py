@@ -178,19 +178,20 @@ def video_classification(add_help: bool = True) -> argparse.ArgumentParser:
     clips.add_argument("--hflip", type=float, default=0.5, help="mirror probability (0 if labels are left/right)")
     clips.add_argument("--pipelines", type=positive_int, default=None,
                        help="DALI pipelines per process, each decoding its own part of the shard (batch-size / "
-                            "pipelines clips each per step; the batch size must divide by it). Default: on "
-                            "dali-gpu the largest divisor of the batch size up to 14 (val: 7; several keep the GPU's video "
-                            "decoders busy, one leaves them mostly idle; with --clips-per-read, of the reads per "
-                            "step up to 14), else 1")
-    clips.add_argument("--clips-per-read", type=positive_int, default=1,
+                            "pipelines clips each per step; the reads per step must divide by it). Default: on "
+                            "dali-gpu the largest divisor of the reads per step (batch size / clips per read) up to "
+                            "14, one read each at the default batch (val: of the batch size up to 7; several keep the "
+                            "GPU's video decoders busy, one leaves them mostly idle), else 1")
+    clips.add_argument("--clips-per-read", type=positive_int, default=None,
                        help="train: decode this many consecutive clips as one read, so each file's frames are decoded "
-                            "once, not once per clip from the key frame before it; they share their crop and flip and "
-                            "arrive in one batch. Pays where key frames are further apart than a clip: set "
-                            "clips-per-read x clip-len x frame-stride to the files' key-frame interval. The batch size "
-                            "must divide by it; a file's last clips that do not fill a read are left out (logged)")
+                            "once, not once per clip from the key frame before it; each clip keeps its own crop and "
+                            "flip, and the clips of a read arrive in one batch. Default: 3 (3 clips of clip-len x "
+                            "frame-stride = 16 frames span a key-frame interval of 48), or the largest smaller count "
+                            "that divides the batch size and fits the shortest file. The batch size must divide by "
+                            "it; a file's last clips that do not fill a read are left out (logged): 1 reads them all")
     add_model_args(parser, arch="small3d", arches=VIDEO_MODELS, arch_help="video model")
-    add_optimizer_args(parser, batch_size=16, epochs=8, lr=3e-3, lr_batch=None, lr_warmup_epochs=1.0, opt="adamw",
-                       batch_help="clips per process per step")
+    add_optimizer_args(parser, batch_size=24, epochs=8, lr=3e-3, lr_batch=None, lr_warmup_epochs=1.0, opt="adamw",
+                       batch_help="clips per process per step (8 reads of 3 clips)")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, checkpoint_every=True, run_dir=True, debug=True,
                  print_freq=20, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
     return parser
