@@ -15,8 +15,9 @@ at each resolution (1080p the whole sweep, 720p the best configurations):
   instances in one pipeline (each a shard of the files), 48-frame clips, several pipelines in one
   process run from threads; DALI's legacy ``fn.readers.video`` (NVDEC only) the same way. Clips of
   16 consecutive frames, uint8 RGB on the GPU.
-- crossdali's PyTorch clip loader as training runs it (random crop, flip, normalize, float16), with
-  one pipeline and with the shard split over 7 (``pipelines=``).
+- crossdali's PyTorch clip loader as training runs it (random crop, flip, normalize, float16): one clip
+  per read with one pipeline and with the shard split over 7 (``pipelines=``), several clips per read
+  (``--read-rows``), and the training defaults (``--default-batches``: nothing passed but the batch).
 - DALI ``fn.decoders.video`` (device="mixed") on whole files read by ``fn.readers.file``.
 - Peers on the GPU, each in its own process (``benchmarks/video_peers.py``): NVIDIA's
   PyNvVideoCodec (``SimpleDecoder``, RGB output) and torchcodec's CUDA decoder (NVCUVID "beta" and
@@ -101,6 +102,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                              "--read-pipelines, so batches of P x R x K clips); 3 x 16 frames = the gop48 files' "
                              "key-frame interval")
     parser.add_argument("--read-pipelines", default="7", help="pipelines of the --read-rows loader rows")
+    parser.add_argument("--default-batches", default="24,42",
+                        help="batches of the crossdali loader rows with the training defaults (clips_per_read and "
+                             "pipelines left to the loader: 3 clips per read, one read per pipeline up to 14)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script anywhere: 160x96 VP9 files, DALI on the CPU, 1 s per configuration")
     return parser
@@ -286,12 +290,13 @@ def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: in
     return _window(sum(done), start, cpu0)
 
 
-def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: int = 28, seq: int = 16,
-                 crop: int = 112, train: bool = True, clips_per_read: int = 1) -> dict:
+def bench_loader(files, *, device: str, pipelines: int | None, seconds: float, batch: int = 28, seq: int = 16,
+                 crop: int = 112, train: bool = True, clips_per_read: int | None = 1) -> dict:
     """crossdali's PyTorch clip loader as training uses it (train split: clips shuffled, random crop,
     flip, normalize, float16 NCFHW on the GPU), ``pipelines`` DALI pipelines merged per batch;
     ``train=False``: the val split (clips in file order, resize + center crop); ``clips_per_read``:
-    that many consecutive clips decoded as one read (``batch`` counts clips)."""
+    that many consecutive clips decoded as one read (``batch`` counts clips). ``None`` for either: the
+    loader's default, recorded as resolved."""
     import torch
 
     from crossdali.common.data.sources import DataSource
@@ -316,7 +321,10 @@ def bench_loader(files, *, device: str, pipelines: int, seconds: float, batch: i
         return clips[0].shape[0] * seq
 
     return _timed(step, seconds=seconds) | {"sequence_length": seq, "batch": batch, "crop": crop,
-                                            "pipelines": pipelines, "shuffled": train, "clips_per_read": clips_per_read}
+                                            "pipelines": loader.pipelines, "shuffled": train,
+                                            "clips_per_read": loader.unfold,
+                                            "defaults": [k for k, v in (("pipelines", pipelines),
+                                                                        ("clips_per_read", clips_per_read)) if v is None]}
 
 
 def bench_decoder(files, *, device: str, batch: int, frames_per_file: int, seconds: float) -> dict:
@@ -523,6 +531,11 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
                      f"batch {n * reads * k}", kind, bench_loader,
                      dict(files=files, device=device, pipelines=n, seconds=seconds, clips_per_read=k,
                           **(small | {"batch": n * reads * k}))))
+    # the loader's training defaults: nothing passed that affects speed but the batch
+    for b in ([4] if args.smoke else [int(v) for v in args.default_batches.split(",") if v] if full else []):
+        rows.append((f"crossdali loader (PyTorch), training defaults, batch {b}", kind, bench_loader,
+                     dict(files=files, device=device, pipelines=None, clips_per_read=None, seconds=seconds,
+                          **(small | {"batch": b}))))
     # the val split: clips in file order (and, for H.264 on the GPU, the experimental reader)
     for k in ([1] if args.smoke else [1, 7] if full else []):
         rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}, val split (clips in order)",
