@@ -49,3 +49,47 @@ def _expected_crop_boxes(raw, ratio, px, py, anchor, shape, flip):
     if flip:
         b = np.stack([1 - b[:, 2], b[:, 1], 1 - b[:, 0], b[:, 3]], axis=1)
     return b, keep
+
+
+@pytest.fixture(scope="session")
+def check_image_placement():
+    """Runs the train pipeline without colour jitter or flip and checks its pixels against the random
+    parameters: the fill colour outside the image's place in the crop window (1 px of slack at its
+    edges), the photo inside."""
+    return _check_image_placement
+
+
+def _check_image_placement(root: Path, options, batches: int = 4) -> None:
+    from crossdali.common.detection import (
+        DEBUG_OUTPUTS,
+        TRAIN_OUTPUTS,
+        DetectionTransform,
+        create_detection_pipeline,
+        resolve_detection_source,
+    )
+
+    same = (1.0, 1.0 + 1e-6)  # no colour jitter (DALI's uniform needs a non-empty range)
+    t = DetectionTransform(hue_degrees=1e-6, saturation=same, brightness=same, contrast=same, flip_probability=0.0)
+    fill = (np.array(t.fill, np.float64) - t.mean) / t.std
+    pipe = create_detection_pipeline(resolve_detection_source(root, "train"), train=True, options=options,
+                                     transform=t, debug=True)
+    pipe.build()
+    names = TRAIN_OUTPUTS + DEBUG_OUTPUTS
+    zoomed = 0
+    ys, xs = np.mgrid[0:t.size, 0:t.size] + 0.5
+    for _ in range(batches):
+        out = {n: x.as_cpu() if hasattr(x, "as_cpu") else x for n, x in zip(names, pipe.run())}
+        for i in range(len(out["images"])):
+            img = np.array(out["images"][i])
+            ratio, px, py = (float(np.array(out[k][i])) for k in ("ratio", "paste_x", "paste_y"))
+            anchor, shape = np.array(out["crop_anchor"][i], np.float64), np.array(out["crop_shape"][i], np.float64)
+            lo = (np.array([px, py]) * (1 - 1 / ratio) - anchor) / shape * t.size  # the image's corners in the output
+            hi = lo + t.size / ratio / shape
+            is_fill = np.all(np.abs(img - fill[:, None, None]) < 1e-3, axis=0)  # (H, W)
+            outside = (xs < lo[0] - 1) | (xs > hi[0] + 1) | (ys < lo[1] - 1) | (ys > hi[1] + 1)
+            inside = (xs > lo[0] + 1) & (xs < hi[0] - 1) & (ys > lo[1] + 1) & (ys < hi[1] - 1)
+            assert is_fill[outside].all(), f"sample {i}: photo pixels outside the image's place"
+            if inside.sum() > 100:
+                assert is_fill[inside].mean() < 0.5, f"sample {i}: fill colour where the photo should be"
+            zoomed += ratio > 1.5 and outside.any()
+    assert zoomed > 0
