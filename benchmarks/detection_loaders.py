@@ -3,6 +3,7 @@
 
     python -m benchmarks.detection_loaders                         # on a GPU machine (minutes): results/latest
     python -m benchmarks.detection_loaders --out /tmp/b --smoke    # check the script on a CPU machine
+    python -m benchmarks.detection_loaders --cpu --workers 2       # DALI CPU vs torchvision on this CPU only
 
 The same COCO-format JPEGs for every loader (the ``bench`` detection sample set: 4,096 train
 images of about 70 KB, built here from scikit-image's photos; no pycocotools needed). The
@@ -12,6 +13,11 @@ transform is crossdali's SSD300 train transform: zoom-out paste (+ box paste), I
 start, allocator), then is timed for ``--seconds`` of steady state. Every loader runs in a
 try-block and the JSON is rewritten after each one, so a failure or a time-out leaves the
 results so far. Writes ``detection_loaders.json`` and ``detection_loaders.png``.
+
+``--cpu`` measures the two CPU loaders only (no GPU needed; batches stay on the CPU) and alternates
+them for ``--rounds`` rounds of ``--seconds`` each, so that other load on a shared machine hits both
+alike; each loader's images/s is its median round, and every round is recorded. It writes
+``detection_loaders_cpu.json`` so it never replaces the GPU run's results.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import traceback
@@ -50,16 +57,21 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--hw-loads", default="1.0,0", help="hw_decoder_load values for DALI GPU")
     parser.add_argument("--budget-s", type=float, default=220.0, help="skip loaders once this much time has passed")
     parser.add_argument("--smoke", action="store_true", help="CPU-only check: tiny set, 2 workers, short timing")
+    parser.add_argument("--cpu", action="store_true",
+                        help="DALI CPU vs the torchvision DataLoader only, alternating for --rounds rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="with --cpu: rounds of --seconds per loader")
     return parser
 
 
-def _measure(loader, device: torch.device, *, seconds: float, warmup: int) -> dict:
-    """Warm up, then count images for ``seconds`` (at least 3 batches), crossing epochs if needed."""
-    def batches():
-        while True:
-            yield from loader
+def _forever(loader):
+    while True:
+        yield from loader
 
-    it = batches()
+
+def _measure(loader, device: torch.device, *, seconds: float, warmup: int, it=None) -> dict:
+    """Warm up, then count images for ``seconds`` (at least 3 batches), crossing epochs if needed.
+    ``it``: an iterator over ``loader``'s batches to go on with (``_forever(loader)``)."""
+    it = it if it is not None else _forever(loader)
     for _ in range(warmup):
         next(it)
     _sync(device)
@@ -121,9 +133,12 @@ def main(args: argparse.Namespace) -> dict:
     if args.smoke:
         args.size, args.workers, args.seconds, args.warmup_batches, args.batch_size = "tiny", 2, 2.0, 1, 16
     cuda = torch.cuda.is_available()
-    if not cuda and not args.smoke:
-        raise usage_error("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU (or --smoke)")
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if not cuda and not args.smoke and not args.cpu:
+        raise usage_error("this benchmark compares GPU-fed pipelines: run it on a machine with a CUDA GPU "
+                          "(or --cpu for the CPU loaders alone, or --smoke)")
+    if args.rounds < 1:
+        raise usage_error(f"--rounds must be at least 1, got {args.rounds}")
+    device = torch.device("cuda", 0) if cuda and not args.cpu else torch.device("cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     root = ensure_detection(args.data_root, args.size)
     source = resolve_detection_source(root, "train")
@@ -133,14 +148,15 @@ def main(args: argparse.Namespace) -> dict:
           f"{time.perf_counter() - t_start:.0f} s)", flush=True)
 
     gpu_configs = [(f"DALI GPU hw_decoder_load={float(h):g}", dict(backend="dali-gpu", hw_decoder_load=float(h)))
-                   for h in args.hw_loads.split(",") if h and cuda]
+                   for h in args.hw_loads.split(",") if h and cuda and not args.cpu]
     # the three-way comparison first, so that a spent time budget only skips the extra GPU variants
     configs = [*gpu_configs[:1], ("DALI CPU", dict(backend="dali-cpu")), (NATIVE, dict(backend="native")),
                *gpu_configs[1:]]
     report = {
         "benchmark": "detection_loaders",
         "command": " ".join(["python", "-m", "benchmarks.detection_loaders", *sys.argv[1:]]),
-        "device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -149,11 +165,17 @@ def main(args: argparse.Namespace) -> dict:
         "batch_size": args.batch_size,
         "workers": args.workers,
         "seconds_per_loader": args.seconds,
-        "transform": "zoom-out paste + bbox paste, IoU crop, resize 300, flip + bbox flip, hsv + brightness/contrast, "
-                     "normalize, 8732-anchor box encoding; batches moved to the GPU",
+        "transform": "zoom-out paste + bbox paste, IoU crop, resize 300, flip + bbox flip, colour jitter, normalize, "
+                     "8732-anchor box encoding; " + ("batches stay on the CPU" if device.type == "cpu" else
+                                                     "batches moved to the GPU"),
         "loader": [],
     }
-    json_path, png_path = args.out / "detection_loaders.json", args.out / "detection_loaders.png"
+    stem = "detection_loaders_cpu" if args.cpu else "detection_loaders"
+    json_path, png_path = args.out / f"{stem}.json", args.out / f"{stem}.png"
+    if args.cpu:
+        report["rounds"] = args.rounds
+        _measure_alternating(configs, source, args, device, report, json_path)
+        configs = []
     for name, cfg in configs:
         if time.perf_counter() - t_start > args.budget_s:
             report["loader"].append({"name": name, "backend": cfg["backend"], "skipped": "time budget spent"})
@@ -178,6 +200,43 @@ def main(args: argparse.Namespace) -> dict:
     except Exception:  # noqa: BLE001 - the JSON is what matters
         traceback.print_exc()
     return report
+
+
+def _measure_alternating(configs, source, args, device, report: dict, json_path: Path) -> None:
+    """All loaders built first, then timed in turn for ``args.rounds`` rounds; images/s = median round."""
+    rows, its = [], []
+    for name, cfg in configs:
+        loader = create_detection_loader(source, train=True, batch_size=args.batch_size, workers=args.workers,
+                                          device_id=0, **cfg)
+        it = _forever(loader)
+        for _ in range(args.warmup_batches):
+            next(it)
+        rows.append({"name": name, "backend": cfg["backend"], "rounds_img_s": []})
+        its.append((loader, it))
+    for r in range(args.rounds):
+        for row, (loader, it) in zip(rows, its):
+            # 2 batches first: what the loader prepared while the other one ran is not counted
+            got = _measure(loader, device, seconds=args.seconds, warmup=2, it=it)
+            row["rounds_img_s"].append(got["img_s"])
+            row |= {k: v for k, v in got.items() if k != "img_s"} | {"img_s": statistics.median(row["rounds_img_s"])}
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{row['name']} {row['rounds_img_s'][-1]:,.0f}"
+                                                          for row in rows) + " img/s", flush=True)
+        report["loader"] = rows
+        _finish(report, json_path)
+    if NATIVE in (row["name"] for row in rows):
+        native = rows[[row["name"] for row in rows].index(NATIVE)]["rounds_img_s"]
+        report["per_round_over_native"] = {row["name"]: [a / b for a, b in zip(row["rounds_img_s"], native)]
+                                           for row in rows if row["name"] != NATIVE}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _finish(report: dict, path: Path) -> None:
