@@ -2,24 +2,20 @@
 
 train: readers.coco (ltrb boxes relative to the image, empty images skipped, global reshuffle
        every epoch, sharded by the global rank)
-       -> zoom-out: a canvas ``ratio`` times larger (ratio 1 with probability
+       -> zoom-out: ``paste`` on a canvas ``ratio`` times larger (ratio 1 with probability
           1 - zoom_out_probability, else uniform in [1, max_ratio]; random position; fill = the
-          mean colour), ``bbox_paste`` with the same ratio and position
+          mean colour) and ``bbox_paste`` with the same ratio and position
        -> ``random_bbox_crop`` (IoU thresholds 0/0.1/0.3/0.5/0.7/0.9, scale [0.3, 1], aspect
-          [0.5, 2], or no crop) on the canvas; boxes whose centre leaves the window are dropped,
-          the others clipped to it
-       -> the image: only its part inside the window is decoded (``decoders.image_slice``),
-          resized to the size it takes in the 300x300 output and placed there on the fill colour
-          (``slice`` with padding): the paste -> crop -> resize result without building the canvas
-       -> colour jitter after the resize, on 300x300 pixels (``color_twist``: hue, saturation,
-          brightness, contrast as one colour matrix)
+          [0.5, 2], or no crop) applied to the pasted image with ``slice``; boxes whose centre
+          leaves the window are dropped, the others clipped to it
+       -> resize to 300x300 -> colour jitter (``hsv``: hue, saturation; ``brightness_contrast``)
        -> ``crop_mirror_normalize`` whose mirror is the very coin that drove ``bb_flip``
        -> ``box_encoder`` against SSD300's 8,732 default boxes (``crossdali.common.anchors``):
           per anchor a (dx, dy, dw, dh) regression target and a label (0 = background).
 val:   decode -> resize 300x300 -> normalize; boxes (ltrb, relative) and labels padded to the
        longest in the batch (label 0 = padding), and the COCO image id for evaluation.
 
-``device="gpu"`` decodes with the mixed decoder and resizes, pads and encodes on the GPU
+``device="gpu"`` decodes with the mixed decoder and pastes, crops, resizes and encodes on the GPU
 (box geometry, which is tiny, stays on the CPU); ``device="cpu"`` needs no GPU. Labels are DALI's
 contiguous class indices 1..C: categories in the annotation file's order (``DetectionSource.label_to_category``).
 ``debug=True`` adds the random parameters and intermediate boxes (``DEBUG_OUTPUTS``) so tests can
@@ -106,34 +102,6 @@ def _padded(x, fill):
     return fn.pad(x, fill_value=fill, axes=(0,))
 
 
-def _zoom_out_crop_resize(jpegs, ratio, paste_x, paste_y, anchor, shape, *, size: int, fill: list[int], decoder: dict):
-    """The zoom-out paste, the crop and the resize to ``size`` x ``size`` without the zoomed-out canvas.
-
-    The crop window (``anchor``, ``shape``: relative to a canvas ``ratio`` times the image, the
-    image pasted at ``paste_x``, ``paste_y``) is mapped into the image's own coordinates; only the
-    part of the image inside the window is decoded (``decoders.image_slice``), resized to the size
-    it takes in the output, and placed there on a ``fill`` background (``slice`` with padding).
-    The pixels are those of paste -> slice -> resize up to the rounding of the image's edge to
-    whole output pixels; the canvas (up to 16 times the image's pixels) is never built.
-    """
-    from nvidia.dali import fn, math, types
-
-    eps = 1e-4  # a window that misses the image still decodes a sliver of it, then moves it out of view
-    a = anchor * ratio - fn.stack(paste_x, paste_y) * (ratio - 1.0)  # the window in the image, (x, y), relative
-    s = shape * ratio
-    lo = math.clamp(a, 0.0, 1.0 - eps)
-    hi = math.clamp(a + s, lo + eps, 1.0)
-    start = math.floor(size * (lo - a) / s + 0.5)  # where the visible part lands in the output, pixels
-    extent = math.max(math.floor(size * (hi - a) / s + 0.5) - start, 1.0)
-    miss = fn.cast((a + s <= 0.0) | (a >= 1.0), dtype=types.FLOAT)
-    miss = math.max(miss[0], miss[1])
-    images = fn.decoders.image_slice(jpegs, lo, hi - lo, axis_names="WH", **decoder)
-    images = fn.resize(images, resize_x=extent[0], resize_y=extent[1], min_filter=types.INTERP_TRIANGULAR)
-    out_anchor = -start * (1.0 - miss) + 2.0 * size * miss
-    return fn.slice(images, out_anchor, fn.constant(fdata=[float(size), float(size)]), axis_names="WH",
-                    normalized_anchor=False, normalized_shape=False, out_of_bounds_policy="pad", fill_values=fill)
-
-
 def create_detection_pipeline(source: DetectionSource, *, train: bool, options: PipelineOptions,
                               transform: DetectionTransform | None = None, debug: bool = False):
     """Build (but do not start) the SSD300 train or val pipeline over ``source`` (the module
@@ -172,34 +140,35 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
         decoder = dict(device="mixed" if gpu else "cpu", output_type=types.RGB)
         if gpu:
             decoder["hw_decoder_load"] = opts.hw_decoder_load
+        images = fn.decoders.image(jpegs, **decoder)
         if not train:
-            images = fn.decoders.image(jpegs, **decoder)
             images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)
             images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                               mean=list(t.mean), std=list(t.std))
             image_ids = fn.cast(outs[3], dtype=types.INT64)
             return images, _padded(boxes, 0.0), fn.cast(_padded(labels, 0), dtype=types.INT64), image_ids
         raw_boxes, raw_labels = boxes, labels
-        # zoom-out: the same ratio and position drive the box paste and the image (below)
+        # zoom-out: the same ratio and position drive the image paste and the box paste
         zoom = fn.random.coin_flip(probability=t.zoom_out_probability)
         ratio = 1.0 + fn.cast(zoom, dtype=types.FLOAT) * (fn.random.uniform(range=[1.0, t.max_zoom_out]) - 1.0)
         paste_x = fn.random.uniform(range=[0.0, 1.0])
         paste_y = fn.random.uniform(range=[0.0, 1.0])
+        images = fn.paste(images, ratio=ratio, paste_x=paste_x, paste_y=paste_y, fill_value=t.fill)
         boxes = fn.bbox_paste(boxes, ratio=ratio, paste_x=paste_x, paste_y=paste_y, ltrb=True)
         # prospective IoU crop: boxes whose centre leaves the window are dropped, others clipped
         anchor, shape, boxes, labels = fn.random_bbox_crop(
             boxes, labels, thresholds=list(t.iou_thresholds), scaling=list(t.crop_scaling),
             aspect_ratio=list(t.crop_aspect_ratio), bbox_layout="xyXY", allow_no_crop=True, num_attempts=50)
-        images = _zoom_out_crop_resize(jpegs, ratio, paste_x, paste_y, anchor, shape, size=t.size, fill=t.fill,
-                                       decoder=decoder)
+        images = fn.slice(images, anchor, shape, axis_names="WH", normalized_anchor=True, normalized_shape=True,
+                          out_of_bounds_policy="trim_to_shape")
+        images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)
         flip = fn.random.coin_flip(probability=t.flip_probability)
         boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
         crop_boxes, crop_labels = boxes, labels
-        # hue and saturation, then brightness and contrast, as one colour matrix (one rounding to uint8)
-        images = fn.color_twist(images, hue=fn.random.uniform(range=[-t.hue_degrees, t.hue_degrees]),
-                                saturation=fn.random.uniform(range=list(t.saturation)),
-                                brightness=fn.random.uniform(range=list(t.brightness)),
-                                contrast=fn.random.uniform(range=list(t.contrast)))
+        images = fn.hsv(images, hue=fn.random.uniform(range=[-t.hue_degrees, t.hue_degrees]),
+                        saturation=fn.random.uniform(range=list(t.saturation)))
+        images = fn.brightness_contrast(images, brightness=fn.random.uniform(range=list(t.brightness)),
+                                        contrast=fn.random.uniform(range=list(t.contrast)))
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=list(t.mean),
                                           std=list(t.std), mirror=flip)
         if gpu:
