@@ -125,11 +125,14 @@ def read_multilabel_list(list_path: str | Path, *, root: str | Path | None = Non
     else:
         names = tuple(classes) if classes is not None else tuple(sorted(tokens))
     index = {name: i for i, name in enumerate(names)}
+    # exclusions first, so that a listed image that is gone can be left out by an exclusion list
+    exclusions = load_exclusions(exclude) or Exclusions()
     files, labels = [], []
     for n, rel, row_labels in rows:
         path = Path(rel) if Path(rel).is_absolute() else root / rel
-        if not path.is_file():
-            raise DataError(f"{list_path}:{n}: {path} does not exist")
+        if not path.is_file() and not exclusions.excludes_file(str(path)):
+            raise DataError(f"{list_path}:{n}: {path} does not exist; restore it, remove its line, or leave it out "
+                            "with an exclusion list that names it (--exclude FILE)")
         try:
             ids = tuple(sorted({int(t) if numeric else index[t] for t in row_labels}))
         except KeyError as e:
@@ -137,7 +140,6 @@ def read_multilabel_list(list_path: str | Path, *, root: str | Path | None = Non
                             f"{list_path.parent / 'classes.txt'}; add it there or fix the line") from None
         files.append(str(path))
         labels.append(ids)
-    exclusions = load_exclusions(exclude) or Exclusions()
     if exclusions:
         keep = [i for i, f in enumerate(files) if not exclusions.excludes_file(f)]
         log.warning("%s: excluded %d of %d images listed in %s", list_path, len(files) - len(keep), len(files),

@@ -43,6 +43,9 @@ def test_list_formats_names_indices_csv_and_errors(tmp_path, multilabel_root):
     (tmp_path / "d.txt").write_text(f"{img[0]} cat\nmissing.jpg dog\n")
     with pytest.raises(DataError, match=r"d\.txt:2: .*missing\.jpg does not exist"):
         read_multilabel_list(tmp_path / "d.txt")
+    (tmp_path / "exclude.txt").write_text(f"{tmp_path / 'missing.jpg'}\n")  # an exclusion list leaves it out
+    src = read_multilabel_list(tmp_path / "d.txt", exclude=tmp_path / "exclude.txt")
+    assert src.files == (str(img[0]),) and src.labels == ((0,),)
 
 
 def test_loader_gives_multi_hot_labels_in_list_order(multilabel_root):
