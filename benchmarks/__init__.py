@@ -6,9 +6,11 @@ one-question probes of DALI's behaviour that the code and docs cite."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 
 def usage_error(message: str) -> SystemExit:
@@ -31,3 +33,14 @@ def gpu_name() -> str | None:
     proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
     names = proc.stdout.strip().splitlines() if proc.returncode == 0 else []
     return names[0] if names else None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else what ``platform`` knows): CPU rows name the CPU they ran on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import usage_error
+from benchmarks import cpu_model, usage_error
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.data.sample_data.detection import ensure_detection
 from crossdali.common.detection import resolve_detection_source
@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> dict:
         "benchmark": "detection_loaders",
         "command": " ".join(["python", "-m", "benchmarks.detection_loaders", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -227,16 +227,6 @@ def _measure_alternating(configs, source, args, device, report: dict, json_path:
         native = rows[[row["name"] for row in rows].index(NATIVE)]["rounds_img_s"]
         report["per_round_over_native"] = {row["name"]: [a / b for a, b in zip(row["rounds_img_s"], native)]
                                            for row in rows if row["name"] != NATIVE}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _finish(report: dict, path: Path) -> None:

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import gpu_name, usage_error
+from benchmarks import cpu_model, gpu_name, usage_error
 from benchmarks.plot import backend_color, pyplot
 
 #: growth after the warm-up that counts as flat
@@ -296,16 +296,6 @@ def growth(samples: list[dict], warmup_s: float) -> dict:
         out[key] = {"at_warmup_mib": warm[key], "last_mib": samples[-1][key], "max_after_warmup_mib": max(values),
                     "growth": round(change, 4), "under_5_percent": change < GROWTH_LIMIT}
     return out
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def plot(report: dict, png: Path) -> Path | None:
