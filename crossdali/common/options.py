@@ -29,7 +29,8 @@ class PipelineOptions:
     (``crossdali.common.distributed.detect_distributed``). ``seed`` fixes both the shuffle and
     the augmentation; each shard derives its augmentation seed from it so shards differ.
     ``hw_decoder_load`` is the share of JPEGs sent to the hardware JPEG decoder of GPUs that have one
-    (`crossdali info` says whether this GPU has one); the default 1.0 was the fastest share (docs/benchmarks.md#classification-loaders).
+    (``crossdali info`` says whether this GPU has one); the default 1.0 was the fastest share
+    (docs/benchmarks.md#classification-loaders).
     ``checkpointing`` turns on DALI's pipeline checkpointing (reader position and random
     generators), which a loader's ``state_dict`` saves for a mid-epoch resume; ``checkpoint``
     is such a saved state to start from. It is on by default in every framework, because DALI's
