@@ -14,7 +14,7 @@
 #   training_speed_jax         --framework jax
 #   training_speed_tensorflow  --framework tensorflow --modes default --backends synthetic,dali-gpu (XLA rows take
 #                              minutes each; needs TensorFlow staged)
-#   detection_loaders, video_decode, inference, external_source, loader_formats
+#   detection_loaders, video_decode, inference, external_source, loader_formats, proxy_loader
 #   check_speed                --size bench --device gpu --copies 8 (the data checker on 65,560 files)
 #   multi_gpu                  --gpus 1,2 --launchers torchrun (needs 2 GPUs)
 #   tf_vs_torch                (needs TensorFlow staged)
@@ -35,8 +35,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 (( $# )) || { sed -n '2,24p' "$0"; exit 2; }
 phases=(tests parity optical_flow classification_loaders training_speed training_speed_jax training_speed_tensorflow
-        detection_loaders video_decode inference external_source loader_formats check_speed multi_gpu tf_vs_torch
-        soak)
+        detection_loaders video_decode inference external_source loader_formats proxy_loader check_speed multi_gpu
+        tf_vs_torch soak)
 for phase in "$@"; do
   [[ " ${phases[*]} all " == *" $phase "* ]] || { echo "unknown phase '$phase': one of ${phases[*]} all" >&2; exit 2; }
 done
@@ -101,6 +101,7 @@ run_phase() {
     inference) sample_sets; bench inference inference 420 ;;
     external_source) sample_sets; bench external_source external_source 420 ;;
     loader_formats) sample_sets; bench loader_formats loader_formats 580 ;;
+    proxy_loader) sample_sets; bench proxy_loader proxy_loader 420 ;;
     check_speed) sample_sets; bench check_speed check_speed 420 --size bench --device gpu --copies 8 ;;
     multi_gpu) if (( $(nvidia-smi -L | wc -l) < 2 )); then echo "multi_gpu: skipped, needs 2 GPUs" | tee -a "$logs/steps.txt"
       else sample_sets; bench multi_gpu multi_gpu 580 --gpus 1,2 --launchers torchrun; fi ;;

@@ -1,7 +1,8 @@
 """ResNet-50 train and val pipelines, defined once for every framework (DALI functional API).
 
 train: fused decode + random crop (area [0.08, 1], aspect [3/4, 4/3]) -> resize to the crop size
-       with antialiasing -> crop_mirror_normalize (coin-flip mirror, ImageNet mean/std).
+       with antialiasing -> [augmentation policy, ``auto_augment``: crossdali.common.augment] ->
+       crop_mirror_normalize (coin-flip mirror, ImageNet mean/std).
 val:   decode -> resize shorter side to crop * 256/224 -> centre crop -> normalize, with sizes
        and crop positions rounded as torchvision rounds them. No flip, no shuffle, padded last
        batch so that an iterator can drop the padding (exactly once).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from crossdali.common.augment import AUTO_AUGMENT_POLICIES, apply_auto_augment, pipeline_conditionals
 from crossdali.common.data.check.records import MAX_LABEL_TEXT_BYTES
 from crossdali.common.data.formats import (
     TFRECORD_IMAGE_KEY,
@@ -59,10 +61,13 @@ class ClassificationTransform:
     std: tuple[float, float, float] = IMAGENET_STD
     output_layout: str = "CHW"
     dtype: str = "float32"
+    auto_augment: str = "none"  # train: an augmentation policy of crossdali.common.augment (none: crop and flip only)
 
     def __post_init__(self) -> None:
         if self.crop_size < 1:
             raise ValueError(f"crop_size must be positive, got {self.crop_size}")
+        if self.auto_augment not in AUTO_AUGMENT_POLICIES:
+            raise ValueError(f"auto_augment must be one of {', '.join(AUTO_AUGMENT_POLICIES)}, got {self.auto_augment!r}")
         if self.output_layout not in ("CHW", "HWC"):
             raise ValueError(f"output_layout must be 'CHW' or 'HWC', got {self.output_layout!r}")
         if self.dtype not in ("float32", "float16"):
@@ -183,7 +188,9 @@ def augment_classification(jpegs, *, train: bool, options: PipelineOptions,
     The one definition of crossdali's classification preprocessing, called inside a ``pipeline_def``
     by every pipeline that decodes images (the readers' pipeline below, the external-source
     pipeline, the inference pipeline), so they cannot drift apart. ``options`` gives the device
-    (``gpu``: mixed decoder, hardware JPEG share ``hw_decoder_load``).
+    (``gpu``: mixed decoder, hardware JPEG share ``hw_decoder_load``). A ``transform.auto_augment``
+    policy (train only) needs a pipeline defined with
+    ``crossdali.common.augment.pipeline_conditionals(transform.auto_augment)``.
     """
     from nvidia.dali import fn, types  # defer: keeps `import crossdali.common` light
 
@@ -204,6 +211,7 @@ def augment_classification(jpegs, *, train: bool, options: PipelineOptions,
             num_attempts=100, **decoder_args)
         images = fn.resize(images, resize_x=t.crop_size, resize_y=t.crop_size,
                            interp_type=types.INTERP_LINEAR, antialias=True)
+        images = apply_auto_augment(images, t.auto_augment, crop_size=t.crop_size)  # none: no operator
         mirror, crop_pos = fn.random.coin_flip(probability=0.5), {}
     else:
         out_h, out_w, crop_y, crop_x = _val_geometry(jpegs, resize=t.val_resize_size, crop=t.crop_size)
@@ -231,7 +239,7 @@ def create_classification_pipeline(
         train: random-resized crop, flip and normalize, shuffled; or resize, centre crop and
             normalize, every sample once across shards.
         options: where and how the pipeline runs (device, threads, shard, seed, batch size).
-        transform: the preset's sizes, augmentation ranges, layout and type (default:
+        transform: the preset's sizes, augmentation ranges and policy, layout and type (default:
             ``ClassificationTransform()``).
 
     Returns:
@@ -241,8 +249,9 @@ def create_classification_pipeline(
     from nvidia.dali import pipeline_def  # defer: keeps `import crossdali.common` light
 
     opts = options
+    policy = transform.auto_augment if transform is not None and train else "none"
 
-    @pipeline_def(**opts.pipeline_kwargs())
+    @pipeline_def(**opts.pipeline_kwargs(), **pipeline_conditionals(policy))
     def classification_pipeline():
         jpegs, labels = _reader(source, train=train, opts=opts)
         images = augment_classification(jpegs, train=train, options=opts, transform=transform)

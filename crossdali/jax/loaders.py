@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from nvidia.dali.plugin.jax import DALIGenericIterator
 
+from crossdali.common.augment import check_auto_augment
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.data.sources import DataSource, explain_decode_failure, resolve_source
 from crossdali.common.distributed import DistInfo
@@ -172,6 +173,7 @@ def create_classification_loader(
     layout: str = "HWC",
     last_batch: str | None = None,
     checkpointing: bool = True,
+    auto_augment: str = "none",
 ):
     """An iterable of ``(images, labels)`` ``jax.Array`` batches for the train or val split of ``data``.
 
@@ -196,13 +198,17 @@ def create_classification_loader(
         layout: ``HWC`` (flax's NHWC, the default) or ``CHW`` images.
         last_batch: the epoch rule's last batch overridden: ``partial``, ``drop`` or ``fill``.
         checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
+        auto_augment: the train pipeline's augmentation policy (``crossdali.common.augment``: ``none``,
+            ``autoaugment``, ``randaugment``, ``trivialaugment``), the same pixels in every framework for a
+            given seed; DALI backends only.
     """
     _no_native(backend)
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
                          batch_size=batch_size, dist=dist, last_batch=last_batch)
     source = plan.source
-    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout)
+    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout,
+                                        auto_augment=check_auto_augment(auto_augment, backend=backend))
 
     if backend == "synthetic":
         shape = (crop_size, crop_size, 3) if layout == "HWC" else (3, crop_size, crop_size)

@@ -56,6 +56,7 @@ from crossdali.common.scripts.runs import (
 from crossdali.common.scripts.script import run
 from crossdali.common.scripts.train_args import (
     log_accepted_flags,
+    resolve_auto_augment,
     resolve_backend,
     resolve_num_classes,
 )
@@ -205,6 +206,7 @@ def load_multilabel_data(args, backend: str):
 def load_data(args, backend: str):
     """Train and val loaders over the same dataset (the train loader with DALI checkpointing), and
     the class names."""
+    auto_augment = resolve_auto_augment(args, backend=backend)  # refused here where nothing would run it
     if args.multi_label:
         return load_multilabel_data(args, backend)
     data = args.data if args.data is not None else ensure_classification(size=args.sample_size) / "imagefolder"
@@ -213,7 +215,8 @@ def load_data(args, backend: str):
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_source(data, "train", **check)
     val_src = resolve_source(data, "val", **check)
-    train_loader = create_classification_loader(train_src, train=True, checkpointing=backend != "synthetic", **common)
+    train_loader = create_classification_loader(train_src, train=True, auto_augment=auto_augment,
+                                                checkpointing=backend != "synthetic", **common)
     val_loader = create_classification_loader(val_src, train=False, **common)
     num_classes = resolve_num_classes(args.num_classes, train_src.num_classes, data_format=train_src.format, data=data)
     return train_loader, val_loader, num_classes, label_names(train_src, num_classes=num_classes,

@@ -28,6 +28,7 @@ import mxnet as mx
 import numpy as np
 from nvidia.dali.plugin.base_iterator import _DaliBaseIterator
 
+from crossdali.common.augment import check_auto_augment
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.data.sources import DataSource, explain_decode_failure, resolve_source
 from crossdali.common.distributed import DistInfo
@@ -400,6 +401,7 @@ def create_classification_loader(
     hw_decoder_load: float = 1.0,
     last_batch: str | None = None,
     checkpointing: bool = True,
+    auto_augment: str = "none",
 ) -> mx.io.DataIter:
     """An ``mx.io.DataIter`` over the train or val split of ``data``, with the arguments of
     ``crossdali.pytorch.create_classification_loader`` (``native`` reads RecordIO only). The result
@@ -422,12 +424,16 @@ def create_classification_loader(
         hw_decoder_load: share of the JPEGs sent to the GPU's hardware JPEG decoder, where it has one.
         last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
         checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
+        auto_augment: the train pipeline's augmentation policy (``crossdali.common.augment``: ``none``,
+            ``autoaugment``, ``randaugment``, ``trivialaugment``), the same pixels in every framework for a
+            given seed; DALI backends only.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
                          batch_size=batch_size, dist=dist, last_batch=last_batch)
     source, dist = plan.source, plan.dist
-    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="CHW")
+    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="CHW",
+                                        auto_augment=check_auto_augment(auto_augment, backend=backend))
     require_mxnet_gpu(backend)
 
     if backend == "synthetic":

@@ -57,6 +57,7 @@ from crossdali.common.scripts.runs import (
 from crossdali.common.scripts.script import run
 from crossdali.common.scripts.train_args import (
     log_accepted_flags,
+    resolve_auto_augment,
     resolve_backend,
     resolve_num_classes,
 )
@@ -207,6 +208,7 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
 
 def load_data(args, runtime: Runtime, backend: str):
     """Train and val iterators over the same dataset, sharded by the global rank, and the class names."""
+    auto_augment = resolve_auto_augment(args, backend=backend)  # refused here where nothing would run it
     if args.multi_label:
         return load_multilabel_data(args, runtime, backend)
     data = args.data
@@ -222,7 +224,7 @@ def load_data(args, runtime: Runtime, backend: str):
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_source(data, "train", **check)
     val_src = resolve_source(data, "val", **check)
-    train_loader = create_classification_loader(train_src, train=True, **common)
+    train_loader = create_classification_loader(train_src, train=True, auto_augment=auto_augment, **common)
     val_loader = create_classification_loader(val_src, train=False, **common)
     names = label_names(train_src, num_classes=args.num_classes or train_src.num_classes, sample=args.data is None)
     num_classes = resolve_num_classes(args.num_classes, train_src.num_classes or len(names), data_format=train_src.format,

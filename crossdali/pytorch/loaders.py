@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from crossdali.common.augment import check_auto_augment
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.data.sources import DataSource, explain_decode_failure, resolve_source
 from crossdali.common.distributed import DistInfo
@@ -215,6 +216,7 @@ def create_classification_loader(
     pipelines: int = 1,
     prefetch_queue_depth: int = 2,
     channels_last: bool = False,
+    auto_augment: str = "none",
 ):
     """PyTorch ``(images, labels)`` batches of the train or val split of ``data``, from any backend.
 
@@ -248,6 +250,9 @@ def create_classification_loader(
         channels_last: the images in torch's channels-last memory format (same shape and values), what
             a model converted with ``model.to(memory_format=torch.channels_last)`` computes in. DALI
             writes NHWC and the batch is its view, so no copy is made.
+        auto_augment: the train pipeline's augmentation policy (``crossdali.common.augment``: ``none``,
+            ``autoaugment``, ``randaugment``, ``trivialaugment``), the same pixels in every framework for a
+            given seed; DALI backends only.
 
     Returns:
         A ``Loader``: ``for images, labels in loader`` is one epoch, the next ``for`` the next one.
@@ -256,7 +261,8 @@ def create_classification_loader(
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
                          batch_size=batch_size, dist=dist, last_batch=last_batch, pipelines=pipelines)
     source, dist = plan.source, plan.dist
-    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="HWC" if channels_last else "CHW")
+    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="HWC" if channels_last else "CHW",
+                                        auto_augment=check_auto_augment(auto_augment, backend=backend))
 
     if backend == "synthetic":
         on_gpu = torch.cuda.is_available()

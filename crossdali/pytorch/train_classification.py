@@ -31,7 +31,7 @@ from crossdali.common.scripts import script_parsers
 from crossdali.common.scripts.defaults import resolve_defaults
 from crossdali.common.scripts.metrics import format_test_line
 from crossdali.common.scripts.script import run
-from crossdali.common.scripts.train_args import resolve_num_classes
+from crossdali.common.scripts.train_args import resolve_auto_augment, resolve_num_classes
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.loaders import create_classification_loader
 from crossdali.pytorch.models import create_model
@@ -107,6 +107,7 @@ def load_data(args, runtime: Runtime, backend: str):
     if args.pipelines != 1 and args.multi_label:  # a backend without DALI pipelines: the loader says so
         raise UsageError(f"--pipelines {args.pipelines}: the --multi-label loader runs one DALI pipeline per "
                          "process; leave --pipelines out")
+    auto_augment = resolve_auto_augment(args, backend=backend)  # refused here where nothing would run it
     if args.multi_label:
         return load_multilabel_data(args, runtime, backend)
     data = args.data
@@ -122,8 +123,8 @@ def load_data(args, runtime: Runtime, backend: str):
     train_src = resolve_source(data, "train", **check)
     val_src = resolve_source(data, "val", **check)
     # checkpointing: the train loader's state_dict carries DALI's position for a mid-epoch resume
-    train_loader = create_classification_loader(train_src, train=True, checkpointing=True, pipelines=args.pipelines,
-                                                **common)
+    train_loader = create_classification_loader(train_src, train=True, auto_augment=auto_augment, checkpointing=True,
+                                                pipelines=args.pipelines, **common)
     val_loader = create_classification_loader(val_src, train=False, pipelines=args.pipelines, **common)
     num_classes = resolve_num_classes(args.num_classes, train_src.num_classes, data_format=train_src.format, data=data)
     if train_src.classes:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from crossdali.common.augment import check_auto_augment
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.data.sources import DataSource, explain_decode_failure, find_undecodable, resolve_source
 from crossdali.common.distributed import DistInfo
@@ -239,6 +240,7 @@ def create_classification_loader(
     hw_decoder_load: float = 1.0,
     last_batch: str | None = None,
     checkpointing: bool = False,
+    auto_augment: str = "none",
 ) -> DALILoader | NativeLoader | SyntheticLoader:
     """A loader of ``(images, labels)`` TensorFlow batches for the train or val split of ``data``,
     from any backend. The result implements ``crossdali.common.loading.loaders.Loader``; images are
@@ -263,6 +265,9 @@ def create_classification_loader(
         last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
         checkpointing: must stay off: ``DALIDataset`` cannot restore a DALI checkpoint, so ``state_dict`` is
             epoch-level (docs/tensorflow.md).
+        auto_augment: the train pipeline's augmentation policy (``crossdali.common.augment``: ``none``,
+            ``autoaugment``, ``randaugment``, ``trivialaugment``), the same pixels in every framework for a
+            given seed; DALI backends only.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
@@ -271,7 +276,8 @@ def create_classification_loader(
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
     source = plan.source
-    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout)
+    transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout=layout,
+                                        auto_augment=check_auto_augment(auto_augment, backend=backend))
     if backend == "synthetic":
         return SyntheticLoader(sizes=plan.batch_sizes, batch_size=batch_size, image_shape=_image_shape(transform),
                                dtype=tf.float16 if dtype == "float16" else tf.float32, num_classes=source.num_classes)

@@ -20,7 +20,7 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
           "--lr", "--lr-warmup-epochs", "--momentum", "--wd", "--weight-decay", "--label-smoothing", "--engine", "--amp",
           "--no-amp", "--channels-last", "--no-channels-last", "--resume", "--test-only", "--output-dir",
           "--checkpoint-every", "--seed", "--print-freq",
-          "--debug", "--multi-label", "-h", "--help"]
+          "--debug", "--multi-label", "--auto-augment", "-h", "--help"]
 #: Flags one framework has and the others do not yet, each named here so a new one is a decision:
 #: --pipelines (the shard split over several DALI pipelines) is PyTorch's only: its loader merges them, and
 #: TensorFlow's DALIDataset, MXNet's and the JAX script's loaders run one pipeline per process;

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from crossdali.common.augment import AUTO_AUGMENT_HELP, AUTO_AUGMENT_POLICIES, check_auto_augment
 from crossdali.common.data.sample_data import SIZES
 from crossdali.common.errors import UsageError
 from crossdali.common.models import LIST_COMMAND, arch_type
@@ -30,8 +31,8 @@ from crossdali.common.scripts.defaults import AUTO_HELP
 
 __all__ = ["TrainArgumentParser",
            "create_parser", "log_accepted_flags", "add_data_args", "add_model_args", "add_optimizer_args",
-           "add_classification_data_args", "add_run_args", "resolve_backend", "resolve_num_classes", "positive_int",
-           "non_negative_int"]
+           "add_classification_data_args", "add_run_args", "resolve_auto_augment", "resolve_backend",
+           "resolve_num_classes", "positive_int", "non_negative_int"]
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,8 @@ def add_classification_data_args(parser: argparse.ArgumentParser, *, backends: t
     add_data_args(parser, backends=backends, workers=None, workers_help=workers_help, backend_help=backend_help,
                   data_help="dataset folder: ImageFolder (train/, val/), TFRecord, RecordIO, WebDataset shards or file lists",
                   data_formats=("imagefolder", "tfrecord", "recordio", "webdataset", "filelist"))
+    parser.add_argument_group("augmentation").add_argument(
+        "--auto-augment", default="none", choices=AUTO_AUGMENT_POLICIES, help=AUTO_AUGMENT_HELP)
     add_model_args(parser, arch=arch, arches=arches, arch_help=arch_help, num_classes=True, framework=framework)
     add_optimizer_args(parser, batch_size=None, epochs=90, lr=0.1, lr_batch=256, lr_warmup_epochs=5, opts=("sgd",))
 
@@ -241,6 +244,19 @@ def resolve_backend(requested: str, *, gpu: str | None, gpu_note: str = "DALI mi
         raise UsageError(f"--data-backend dali-gpu needs {no_gpu}; use --data-backend dali-cpu")
     log.info("data backend: %s", requested)
     return requested
+
+
+def resolve_auto_augment(args: argparse.Namespace, *, backend: str) -> str:
+    """``--auto-augment`` for the train loader, refused (a ``UsageError``: one line, exit 2) before any data is
+    read where nothing would run it: a backend without a DALI pipeline, or ``--multi-label``, whose
+    external-source loader has no policy."""
+    policy = check_auto_augment(getattr(args, "auto_augment", "none"), backend=backend)
+    if policy != "none" and getattr(args, "multi_label", False):
+        raise UsageError(f"--auto-augment {policy} applies to single-label classification; leave it out with "
+                         "--multi-label")
+    if policy != "none":
+        log.info("augmentation policy: %s (docs/benchmarks.md#auto-augment)", policy)
+    return policy
 
 
 def resolve_num_classes(given: int | None, found: int, *, data_format: str, data) -> int:
