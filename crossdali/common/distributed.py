@@ -60,6 +60,12 @@ class DistInfo:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def gpu_id(self, device_id: int | None = None) -> int:
+        """The GPU of this process on its node: ``device_id`` when given, else the local rank (one process
+        per GPU on every node). Never the global rank: rank 2 of a job of two nodes with two GPUs each
+        runs on GPU 0 of the second node, and that node has no GPU 2."""
+        return self.local_rank if device_id is None else device_id
+
 
 def _int(env: Mapping[str, str], name: str, launcher: str) -> int:
     value = env[name]

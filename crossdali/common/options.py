@@ -108,7 +108,7 @@ def pipeline_options(backend: str, *, batch_size: int, dist: DistInfo | None = N
     gpu = backend == "dali-gpu"
     return PipelineOptions(
         batch_size=batch_size, device="gpu" if gpu else "cpu",
-        device_id=(device_id if device_id is not None else dist.local_rank) if gpu else None,
+        device_id=dist.gpu_id(device_id) if gpu else None,
         num_threads=max(1, workers), seed=seed, shard_id=dist.rank, num_shards=dist.world_size,
         hw_decoder_load=hw_decoder_load, checkpointing=checkpointing, checkpoint=checkpoint,
         prefetch_queue_depth=prefetch_queue_depth)

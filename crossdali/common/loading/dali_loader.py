@@ -58,6 +58,10 @@ class DALIIteratorLoader:
         self.reader_name, self.reader_kind = reader_name, reader_kind
         self._options, self._build, self._explain = options, build, explain
         self._pipeline_options = sub_shard_options(options, plan.pipelines)
+        dist = plan.dist  # every rank's placement, for --debug: a multi-node job shows its shards and GPUs here
+        log.debug("rank %d of %d (local rank %d): DALI shard %d of %d on %s", dist.rank, dist.world_size,
+                  dist.local_rank, options.shard_id, options.num_shards, f"GPU {options.device_id}"
+                  if options.device == "gpu" else f"the CPU (dali-gpu would use GPU {dist.gpu_id()})")
         self._batches = 0  # batches yielded in the epoch in progress
         self._iters = [self._make_iterator(o) for o in self._pipeline_options]
 
