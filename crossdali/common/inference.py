@@ -1,6 +1,8 @@
 """Inference preprocessing: a long-lived DALI pipeline with crossdali's val transform, fed whatever
 encoded images arrive (1 to ``max_batch_size`` per run), plus a micro-batcher that groups
-requests from many threads into such runs.
+requests from many threads into such runs. ``choose_engine`` says whether a run goes through
+that pipeline or through DALI's dynamic mode (``crossdali.common.eager``: the same operators called
+one by one, no pipeline to build or feed), which gives the same bits.
 
 The transform is ``augment_classification(train=False)``, the very graph the val loaders run, so
 a model sees at inference what it saw in validation (bit for bit on the CPU).
@@ -29,11 +31,20 @@ from crossdali.common.data.sources import sniff_image_bytes
 from crossdali.common.errors import DataError
 from crossdali.common.options import PipelineOptions
 
-__all__ = ["EncodedImage", "InferencePipeline", "MicroBatcher", "prepare_image"]
+__all__ = ["EAGER_MAX_IMAGES", "ENGINES", "EncodedImage", "InferencePipeline", "MicroBatcher", "choose_engine",
+           "prepare_image", "preprocessing_error"]
 
 log = logging.getLogger(__name__)
 
 _INPUT = "encoded"
+
+#: The two ways to run the val transform: DALI's dynamic mode (``crossdali.common.eager``, operators
+#: called one by one on the request) and the pipeline below (a graph built once); ``auto`` chooses.
+ENGINES = ("auto", "eager", "pipeline")
+
+#: ``auto``: runs of up to this many images take the eager engine, larger ones the pipeline. Per device,
+#: where the latency benchmark (docs/benchmarks.md#inference) found eager no slower than the pipeline.
+EAGER_MAX_IMAGES = {"cpu": 8, "gpu": 8}
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,29 @@ def _pil_problem(image: EncodedImage) -> str | None:
     return None
 
 
+def preprocessing_error(images: Sequence[EncodedImage], error: Exception) -> DataError:
+    """The ``DataError`` for DALI's failure to preprocess ``images``: it names the image PIL cannot
+    decode either (DALI's own message names no input), else all of them with DALI's last line."""
+    for im in images:
+        problem = _pil_problem(im)
+        if problem is not None:
+            return DataError(f"{im.name} cannot be decoded ({problem}); re-encode or leave it out")
+    return DataError(f"DALI could not preprocess {', '.join(im.name for im in images)}: "
+                     f"{str(error).strip().splitlines()[-1]}")
+
+
+def choose_engine(engine: str, num_images: int, *, device: str) -> str:
+    """``"eager"`` or ``"pipeline"``: which engine preprocesses a run of ``num_images`` on ``device``
+    (``"cpu"`` or ``"gpu"``). ``engine="auto"`` picks eager for runs of up to
+    ``EAGER_MAX_IMAGES[device]`` images, the pipeline for larger ones; ``"eager"`` and
+    ``"pipeline"`` are taken as they are."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine != "auto":
+        return engine
+    return "eager" if num_images <= EAGER_MAX_IMAGES[device] else "pipeline"
+
+
 class InferencePipeline:
     """DALI's val transform over batches of 1 to ``max_batch_size`` encoded images, built once.
 
@@ -120,12 +154,7 @@ class InferencePipeline:
             return out
         except RuntimeError as e:
             self._pipe = self._build()  # a failed run leaves DALI's executor in an error state
-            for im in images:
-                problem = _pil_problem(im)
-                if problem is not None:
-                    raise DataError(f"{im.name} cannot be decoded ({problem}); re-encode or leave it out") from e
-            raise DataError(f"DALI could not preprocess {', '.join(im.name for im in images)}: "
-                            f"{str(e).strip().splitlines()[-1]}") from e
+            raise preprocessing_error(images, e) from e
 
 
 class MicroBatcher:

@@ -11,8 +11,10 @@ dict), the run's config under ``config`` or ``args`` (at least ``arch``, ``crop_
 (unpickling runs code from the file). GIFs and other formats DALI does not decode are converted
 to PNG on the way in (``crossdali.common.inference``); files nothing can read are refused by name.
 
-In a program, ``Predictor`` keeps one DALI pipeline and the model alive: ``predict(images)``
+In a program, ``Predictor`` keeps the model and DALI's preprocessing alive: ``predict(images)``
 for a list, ``submit(image)`` from any thread (requests that arrive together run as one batch).
+Small runs go through DALI's dynamic mode (eager operators, no pipeline), larger ones through a
+pipeline built once; ``--engine`` / ``engine=`` picks one (docs/inference.md#engines).
 """
 
 from __future__ import annotations
@@ -35,7 +37,16 @@ import torch
 
 from crossdali.common.classification import ClassificationTransform
 from crossdali.common.errors import DataError
-from crossdali.common.inference import EncodedImage, InferencePipeline, MicroBatcher, prepare_image
+from crossdali.common.inference import (
+    EAGER_MAX_IMAGES,
+    ENGINES,
+    EncodedImage,
+    InferencePipeline,
+    MicroBatcher,
+    choose_engine,
+    prepare_image,
+    preprocessing_error,
+)
 from crossdali.common.models import ModelNameError
 from crossdali.common.options import PipelineOptions
 from crossdali.pytorch.models import create_model
@@ -138,10 +149,12 @@ def _encoded(item: str | Path | bytes | EncodedImage, index: int) -> EncodedImag
 
 
 class Predictor:
-    """A model and a long-lived DALI inference pipeline (val transform; DALI's GPU decoder when the
-    model runs on CUDA). ``predict`` runs lists in batches of up to ``max_batch_size``;
-    ``submit`` queues one image from any thread and batches whatever is waiting.
-    ``Predictor.from_checkpoint(path)`` builds one from a training run's checkpoint.
+    """A model and DALI's val transform (DALI's GPU decoder when the model runs on CUDA), by two
+    engines that give the same bits: DALI's dynamic mode (``crossdali.common.eager``, operators
+    called on each run) and a long-lived pipeline (``InferencePipeline``, built on first use).
+    ``predict`` runs lists in batches of up to ``max_batch_size``; ``submit`` queues one image
+    from any thread and batches whatever is waiting. ``Predictor.from_checkpoint(path)`` builds
+    one from a training run's checkpoint.
 
     Args:
         model: the classifier; moved to ``device`` (a copy, if its weights live on another device).
@@ -152,20 +165,26 @@ class Predictor:
         device: where the model runs (default: the current CUDA GPU if there is one, else the CPU).
         max_batch_size: the most images per model call.
         workers: DALI's threads.
+        engine: ``"auto"`` (eager for runs of up to ``EAGER_MAX_IMAGES`` images on this device,
+            the pipeline for larger ones: docs/benchmarks.md#inference), ``"eager"`` or ``"pipeline"``.
     """
 
     def __init__(self, model: torch.nn.Module, *, crop_size: int, class_names: Sequence[str],
                  resize_size: int | None = None, device: str | torch.device | None = None,
-                 max_batch_size: int = 64, workers: int = 2) -> None:
+                 max_batch_size: int = 64, workers: int = 2, engine: str = "auto") -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         self.device = torch.device(device) if device is not None else \
             torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         gpu = self.device.type == "cuda"
-        options = PipelineOptions(batch_size=max_batch_size, device="gpu" if gpu else "cpu",
-                                  device_id=self.device.index if gpu else None, num_threads=max(1, workers))
-        transform = ClassificationTransform(crop_size=crop_size, resize_size=resize_size)
-        self.pipeline = InferencePipeline(options=options, transform=transform)
+        self.options = PipelineOptions(batch_size=max_batch_size, device="gpu" if gpu else "cpu",
+                                       device_id=self.device.index if gpu else None, num_threads=max(1, workers))
+        self.transform = ClassificationTransform(crop_size=crop_size, resize_size=resize_size)
+        self.engine = engine
+        self._pipeline: InferencePipeline | None = None  # each engine is made on its first run
+        self._eager = None
         first = next(model.parameters(), None)
         if first is not None and first.device != self.device:
             # .to() moves a module in place: a model shared with another Predictor (or the caller's own
@@ -183,11 +202,40 @@ class Predictor:
         return cls(model, crop_size=int(config["crop_size"]), class_names=class_names,
                    resize_size=config.get("resize_size"), **kwargs)
 
+    @property
+    def pipeline(self) -> InferencePipeline:
+        """The pipeline engine, built on first use (``batch_size`` = ``max_batch_size``)."""
+        if self._pipeline is None:
+            self._pipeline = InferencePipeline(options=self.options, transform=self.transform)
+        return self._pipeline
+
+    @property
+    def eager(self):
+        """The eager engine (``crossdali.common.eager.EagerPreprocessor``), made on first use; on CUDA its
+        operators run on the stream that is current then, so the model's work follows them in order."""
+        if self._eager is None:
+            from crossdali.common.eager import EagerPreprocessor  # defer: imports DALI's dynamic mode
+
+            stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+            self._eager = EagerPreprocessor(options=self.options, transform=self.transform, cuda_stream=stream)
+        return self._eager
+
+    def engine_for(self, num_images: int) -> str:
+        """``"eager"`` or ``"pipeline"``: the engine that preprocesses a run of ``num_images``."""
+        return choose_engine(self.engine, num_images, device=self.options.device)
+
     def preprocess(self, images: Sequence[EncodedImage]) -> torch.Tensor:
         """DALI's val transform of ``images`` as a float NCHW tensor on the model's device."""
         from nvidia.dali.plugin.pytorch import feed_ndarray  # defer: DALI's torch plugin
 
         with self._lock:
+            if self.engine_for(len(images)) == "eager":
+                if len(images) > self.max_batch_size:
+                    raise ValueError(f"a run takes 1 to {self.max_batch_size} images, got {len(images)}")
+                try:
+                    return self.eager.run(images).torch()  # DLPack: DALI's buffer, no copy
+                except RuntimeError as e:
+                    raise preprocessing_error(images, e) from e
             out = self.pipeline.run(images).as_tensor()
             batch = torch.empty(out.shape(), dtype=torch.float32, device=self.device)
             stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
@@ -241,6 +289,12 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-j", "--workers", type=int, default=2, help="DALI CPU threads")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="auto: CUDA (and DALI's GPU decoder) when a GPU is visible")
+    parser.add_argument("--engine", default="auto", choices=ENGINES,
+                        help="how DALI preprocesses: 'eager' calls its operators directly (dynamic mode, no pipeline "
+                             "to build), 'pipeline' runs a pipeline built once; auto (default): eager for runs of up to "
+                             f"{EAGER_MAX_IMAGES['cpu']} images on the CPU / {EAGER_MAX_IMAGES['gpu']} on a GPU, where "
+                             "it is the faster one, the pipeline for larger runs (docs/benchmarks.md#inference). "
+                             "Both give the same bits")
     parser.add_argument("--json", action="store_true", help="one JSON object per image instead of text")
     return parser
 
@@ -256,7 +310,7 @@ def main(args: argparse.Namespace) -> list[Prediction]:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA GPU is visible; use --device cpu")
     predictor = Predictor.from_checkpoint(args.checkpoint, device=device, max_batch_size=args.batch_size,
-                                          workers=args.workers)
+                                          workers=args.workers, engine=args.engine)
     predictions = predictor.predict(images, topk=args.topk)
     for p in predictions:
         if args.json:

@@ -1,0 +1,109 @@
+"""Inference preprocessing in DALI's dynamic mode (``nvidia.dali.experimental.dynamic``): the val
+transform called operator by operator on the images at hand, with no pipeline to build or feed.
+
+A pipeline (``crossdali.common.inference.InferencePipeline``) is a graph built once for a fixed
+largest batch and run through DALI's executor; dynamic mode calls the same DALI operators directly
+from Python, each on the batch it is given. For a request of a few images that skips the
+executor's per-run work and the pipeline's build (the first ``crossdali predict`` call does not
+pay for one). ``crossdali.common.inference.choose_engine`` says which of the two serves a request.
+
+The steps and their arguments are those of ``augment_classification(train=False)`` in
+``crossdali.common.classification``: decode to RGB, resize the shorter side with torchvision's
+rounding, centre crop with torchvision's anchor, normalize, layout. The val geometry, which the
+pipeline computes with DALI arithmetic on ``peek_image_shape``, is computed here in Python on the
+same shapes with the same integer and float32 operations, so the output is bit-identical to the
+pipeline's (``tests/common/test_eager_predict.py`` holds them to that on the CPU and, marked
+``gpu``, with the GPU decoder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from crossdali.common.classification import ClassificationTransform
+from crossdali.common.options import PipelineOptions
+
+if TYPE_CHECKING:
+    from crossdali.common.inference import EncodedImage
+
+__all__ = ["EagerPreprocessor", "val_geometry"]
+
+
+def val_geometry(height: int, width: int, *, resize: int, crop: int) -> tuple[int, int, np.float32, np.float32]:
+    """``(out_h, out_w, crop_pos_y, crop_pos_x)`` of the val transform for an image of ``height`` x ``width``.
+
+    The shorter side becomes ``resize`` and the longer one ``resize * longer // shorter``
+    (torchvision's ``Resize(int)`` truncates); the crop anchor is torchvision's
+    ``int(round((n - crop) / 2))`` (half to even), given to DALI as a float32 fraction of
+    ``n - crop``. The same arithmetic as ``crossdali.common.classification._val_geometry``, which
+    does it inside the pipeline graph.
+    """
+    longer = (resize * max(height, width)) // min(height, width)
+    out_h, out_w = (resize, longer) if height <= width else (longer, resize)
+
+    def centre(n: int) -> np.float32:
+        d = n - crop
+        half = d // 2
+        anchor = half + (d % 2) * (half % 2)
+        return np.float32(anchor) / np.float32(max(d, 1))  # float32 / float32, as DALI divides
+
+    return out_h, out_w, centre(out_h), centre(out_w)
+
+
+class EagerPreprocessor:
+    """The val transform of 1 to any number of encoded images, in DALI's dynamic mode.
+
+    ``options`` says where it runs (``device="gpu"``: DALI's GPU decoder, with the hardware JPEG
+    decoder's share ``hw_decoder_load``, outputs on GPU ``device_id``) and its CPU threads
+    (``num_threads``); its ``batch_size`` is not a limit here. ``cuda_stream`` (a PyTorch stream,
+    a raw handle or anything DALI's ``ndd.stream`` takes) is the stream GPU operators run on: pass
+    the consumer's stream and its work is ordered after DALI's without a synchronisation.
+
+    ``run(images)`` returns DALI's evaluated ``Batch`` (N, C, H, W) (or (N, H, W, C)); the
+    framework wrapper converts it (``Batch.torch()``, DLPack). One preprocessor serves one thread
+    at a time (DALI's ``EvalContext`` refuses a second).
+    """
+
+    def __init__(self, *, options: PipelineOptions, transform: ClassificationTransform | None = None,
+                 cuda_stream=None) -> None:
+        import nvidia.dali.experimental.dynamic as ndd  # defer: keeps `import crossdali.common` light
+
+        self.options, self.transform = options, transform or ClassificationTransform()
+        self._gpu = options.device == "gpu"
+        self._context = ndd.EvalContext(num_threads=max(1, options.num_threads),
+                                        device_id=options.device_id if self._gpu else None,
+                                        cuda_stream=cuda_stream if self._gpu else None)
+
+    def run(self, images: Sequence[EncodedImage]):
+        """The val transform of ``images`` as an evaluated DALI dynamic-mode ``Batch``.
+
+        A failure (an image DALI cannot decode) raises DALI's ``RuntimeError`` here, not later.
+        """
+        import nvidia.dali.experimental.dynamic as ndd
+        from nvidia.dali import types
+
+        if not images:
+            raise ValueError("a run takes at least one image")
+        t = self.transform
+        with self._context:
+            encoded = ndd.as_batch([im.data for im in images])  # views: no copy, no copy operator
+            shapes = ndd.peek_image_shape(encoded).evaluate()
+            geometry = [val_geometry(int(s[0]), int(s[1]), resize=t.val_resize_size, crop=t.crop_size)
+                        for s in (np.asarray(x) for x in shapes.tensors)]
+            out_h, out_w, crop_y, crop_x = ([g[i] for g in geometry] for i in range(4))
+            # the pipeline's memory paddings are left out: they size pools for a stream of batches, and a
+            # request of a few images would pay for them up front; pixels do not depend on them
+            decoder_args = dict(hw_decoder_load=self.options.hw_decoder_load) if self._gpu else {}
+            decoded = ndd.decoders.image(encoded, device="gpu" if self._gpu else "cpu", output_type=types.RGB,
+                                         **decoder_args)
+            as_float = lambda values: ndd.as_batch([np.float32(v) for v in values])  # noqa: E731 - per-sample arguments
+            resized = ndd.resize(decoded, resize_x=as_float(out_w), resize_y=as_float(out_h),
+                                 interp_type=types.INTERP_LINEAR, antialias=True)
+            out = ndd.crop_mirror_normalize(
+                resized, dtype=types.FLOAT16 if t.dtype == "float16" else types.FLOAT, output_layout=t.output_layout,
+                crop=(t.crop_size, t.crop_size), mean=list(t.mean), std=list(t.std), mirror=False,
+                crop_pos_x=as_float(crop_x), crop_pos_y=as_float(crop_y))
+            return out.evaluate()

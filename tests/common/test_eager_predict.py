@@ -1,0 +1,157 @@
+"""Eager inference: DALI's dynamic mode (``crossdali.common.eager``) gives the pipeline Predictor's
+bits on the same bytes (real JPEGs of the sample set, PNGs of awkward sizes, a converted GIF), the
+``auto`` rule picks it for small runs without building a pipeline, errors name the file, and
+``crossdali predict --engine`` selects either engine. The ``gpu`` test does the same with DALI's GPU
+decoder."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+
+from PIL import Image  # noqa: E402
+
+from crossdali.common.classification import ClassificationTransform  # noqa: E402
+from crossdali.common.data.sources import resolve_source  # noqa: E402
+from crossdali.common.eager import EagerPreprocessor, val_geometry  # noqa: E402
+from crossdali.common.errors import DataError  # noqa: E402
+from crossdali.common.inference import EAGER_MAX_IMAGES, InferencePipeline, choose_engine, prepare_image  # noqa: E402
+from crossdali.common.options import PipelineOptions  # noqa: E402
+from crossdali.pytorch.predict import Predictor, run  # noqa: E402
+
+CROP = 32
+CLASSES = [f"c{i}" for i in range(11)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return torchvision.models.get_model("resnet18", weights=None, num_classes=len(CLASSES)).eval()
+
+
+@pytest.fixture(scope="module")
+def encoded(tiny_classification):
+    files = resolve_source(tiny_classification / "imagefolder", "val").files
+    return [prepare_image(Path(f).read_bytes(), name=str(f)) for f in files]
+
+
+def _predictor(model, engine: str, device: str = "cpu") -> Predictor:
+    return Predictor(model, crop_size=CROP, class_names=CLASSES, device=device, max_batch_size=16, engine=engine)
+
+
+def _awkward_images() -> list:
+    """PNGs and JPEGs of the sizes that test the val geometry: square, portrait, landscape, odd and even
+    margins around the crop, a side equal to the resize target, a long strip."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i, (h, w) in enumerate([(37, 37), (36, 91), (91, 36), (64, 65), (65, 64), (48, 37), (37, 300), (501, 73)]):
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "PNG" if i % 2 else "JPEG")
+        out.append(prepare_image(buf.getvalue(), name=f"{h}x{w}"))
+    return out
+
+
+def test_val_geometry_is_torchvisions():
+    """Resize of the shorter side (longer side truncated) and the centre-crop anchor (half to even), as
+    torchvision's eval transform computes them."""
+    from torchvision.transforms.v2 import functional as F
+
+    for h, w in [(37, 37), (36, 91), (91, 36), (64, 65), (65, 64), (500, 333), (333, 500), (37, 300)]:
+        out_h, out_w, pos_y, pos_x = val_geometry(h, w, resize=37, crop=CROP)
+        resized = F.resize(torch.zeros(1, h, w), [37])
+        assert (out_h, out_w) == tuple(resized.shape[1:])
+        marked = torch.arange(out_h * out_w, dtype=torch.float32).reshape(1, out_h, out_w)
+        top_left = int(F.center_crop(marked, [CROP])[0, 0, 0])
+        assert (top_left // out_w, top_left % out_w) == (
+            round(float(pos_y) * max(out_h - CROP, 1)), round(float(pos_x) * max(out_w - CROP, 1)))
+        assert pos_y.dtype == pos_x.dtype == np.float32
+
+
+def test_eager_predictor_gives_the_pipeline_predictors_bits(model, encoded, tmp_path):
+    """Every sample JPEG, alone and in batches, plus awkward sizes and a GIF converted to PNG."""
+    rgb = Image.open(io.BytesIO(encoded[3].data.tobytes())).convert("RGB").quantize(32).convert("RGB")
+    rgb.save(tmp_path / "cat.gif")
+    gif = prepare_image((tmp_path / "cat.gif").read_bytes(), name="cat.gif")
+    images = [*encoded, *_awkward_images(), gif]
+    eager, pipeline = _predictor(model, "eager"), _predictor(model, "pipeline")
+    for start, size in [(0, 1), (1, 7), (8, 16), (24, 16), (40, 16), (56, 8)]:
+        batch = images[start:start + size]
+        assert torch.equal(eager.preprocess(batch), pipeline.preprocess(batch)), (start, size)
+    assert torch.equal(eager.preprocess(images[-1:]), pipeline.preprocess(images[-1:]))  # the GIF, alone
+    assert eager._pipeline is None and pipeline._eager is None  # neither built the other engine
+    a, b = eager.predict(images[:5], topk=3), pipeline.predict(images[:5], topk=3)
+    assert a == b
+
+
+def test_other_transforms_layouts_and_types_match_too(encoded):
+    """A resize of its own, HWC float16: what the transform says, both engines alike."""
+    options = PipelineOptions(batch_size=8, device="cpu", device_id=None, num_threads=2)
+    transform = ClassificationTransform(crop_size=29, resize_size=45, output_layout="HWC", dtype="float16")
+    pipe, eager = InferencePipeline(options=options, transform=transform), EagerPreprocessor(options=options,
+                                                                                             transform=transform)
+    out = eager.run(encoded[:8])
+    assert out.layout == "HWC"
+    assert np.array_equal(np.asarray(pipe.run(encoded[:8]).as_tensor()), out.torch().numpy())
+    assert out.torch().dtype == torch.float16 and tuple(out.torch().shape) == (8, 29, 29, 3)
+
+
+def test_auto_takes_eager_for_small_runs_and_builds_no_pipeline_for_them(model, encoded):
+    small = EAGER_MAX_IMAGES["cpu"]
+    assert choose_engine("auto", 1, device="cpu") == choose_engine("auto", small, device="cpu") == "eager"
+    assert choose_engine("auto", small + 1, device="cpu") == "pipeline"
+    assert choose_engine("pipeline", 1, device="gpu") == "pipeline" and choose_engine("eager", 64, device="gpu") == "eager"
+    with pytest.raises(ValueError, match="engine must be one of auto, eager, pipeline, got 'fast'"):
+        choose_engine("fast", 1, device="cpu")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        _predictor(model, "fast")
+    predictor = _predictor(model, "auto")
+    predictor.predict(encoded[:small])
+    assert predictor._pipeline is None  # a handful of images: no pipeline built
+    predictor.predict(encoded[:small + 1])
+    assert predictor._pipeline is not None
+
+
+def test_eager_errors_name_the_file_and_the_next_run_is_served(model, encoded, tmp_path):
+    predictor = _predictor(model, "eager")
+    (tmp_path / "cut.jpg").write_bytes(encoded[0].data.tobytes()[:300])
+    with pytest.raises(DataError, match=r"cut.jpg cannot be decoded"):
+        predictor.predict([encoded[1], tmp_path / "cut.jpg"])
+    assert torch.equal(predictor.preprocess(encoded[1:3]), _predictor(predictor.model, "pipeline").preprocess(encoded[1:3]))
+
+
+def test_predict_command_engines_print_the_same(model, tiny_classification, tmp_path, capsys):
+    ckpt = tmp_path / "checkpoint_best.pth"
+    torch.save({"model": model.state_dict(), "class_names": CLASSES,
+                "config": {"arch": "resnet18", "crop_size": CROP, "num_classes": len(CLASSES)}}, ckpt)
+    files = [str(f) for f in sorted((tiny_classification / "imagefolder" / "val").glob("*/*.jpg"))[:3]]
+    printed = {}
+    for engine in ("eager", "pipeline"):
+        assert run([str(ckpt), *files, "--engine", engine, "--json"]) == 0
+        printed[engine] = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert printed["eager"] == printed["pipeline"] and len(printed["eager"]) == 3
+    with pytest.raises(SystemExit) as exit_info:
+        run([str(ckpt), files[0], "--engine", "fast"])
+    assert exit_info.value.code == 2 and "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_eager_on_the_gpu_gives_the_gpu_pipelines_bits(model, encoded):
+    """DALI's GPU decoder (hardware JPEG decoder share as the pipeline's) in both engines, same bits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    eager, pipeline = _predictor(model, "eager", "cuda"), _predictor(model, "pipeline", "cuda")
+    images = [*encoded, *_awkward_images()]
+    for start, size in [(0, 1), (1, 7), (8, 16), (24, 16), (40, 16), (56, 7)]:
+        batch = images[start:start + size]
+        a, b = eager.preprocess(batch), pipeline.preprocess(batch)
+        assert a.device == b.device == torch.device("cuda", torch.cuda.current_device())
+        assert torch.equal(a, b), (start, size, (a - b).abs().max().item())
+    assert [p.top[0][0] for p in eager.predict(images[:4])] == [p.top[0][0] for p in pipeline.predict(images[:4])]
