@@ -25,6 +25,7 @@ from crossdali.common.data.formats import (
     WEBDATASET_LABEL_EXTENSION,
 )
 from crossdali.common.data.sources import DataSource
+from crossdali.common.loading.global_order import GlobalOrderFiles
 from crossdali.common.options import PipelineOptions
 
 __all__ = [
@@ -91,7 +92,12 @@ def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
     # shards stay disjoint (random_shuffle only shuffles inside a shard's buffer). Its own seed
     # argument: without it DALI uses a fixed seed and every run has the same order.
     global_shuffle = dict(shuffle_after_epoch=True, shuffle_after_epoch_seed=opts.seed) if train else {}
-    if source.format in ("imagefolder", "filelist"):
+    if opts.global_order is not None and train:  # one order whatever the shards (resumes on any world size)
+        names, labels = fn.external_source(source=GlobalOrderFiles(
+            source.files, source.labels, seed=opts.seed, rank=opts.shard_id, world=opts.num_shards,
+            batch_size=opts.batch_size, order=opts.global_order), num_outputs=2, batch=True, batch_info=True)
+        jpegs = fn.io.file.read(names)
+    elif source.format in ("imagefolder", "filelist"):
         jpegs, labels = fn.readers.file(files=list(source.files), labels=list(source.labels), **global_shuffle,
                                         **sharding)
     elif source.format == "webdataset":

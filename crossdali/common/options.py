@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from crossdali.common.distributed import DistInfo
+from crossdali.common.loading.global_order import GlobalOrder
 
 __all__ = ["DALI_BACKENDS", "CLASSIFICATION_BACKENDS", "PipelineOptions", "check_backend", "pipeline_options",
            "sub_shard_options"]
@@ -36,6 +37,8 @@ class PipelineOptions:
     is such a saved state to start from. It is on by default in every framework, because DALI's
     ``shuffle_after_epoch`` shuffles differently with it on (measured: the same first epoch, other
     orders from the second): with it on everywhere, every framework sees the same epochs.
+    ``global_order``: train in one order of the whole dataset per epoch, whatever the number of shards,
+    from where it says (``crossdali.common.loading.global_order``); ``None`` is DALI's sharded order.
     """
 
     batch_size: int = 256
@@ -50,6 +53,7 @@ class PipelineOptions:
     initial_fill: int = 1024
     checkpointing: bool = True
     checkpoint: bytes | None = None
+    global_order: GlobalOrder | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):
@@ -76,8 +80,13 @@ class PipelineOptions:
 
     @property
     def augmentation_seed(self) -> int:
-        """The pipeline's seed: the run's seed, different on every shard (shards must not augment alike)."""
-        return self.seed + 1_000_003 * self.shard_id
+        """The pipeline's seed: the run's seed, different on every shard (shards must not augment alike), and
+        in the global order different for a pipeline that starts mid-run (a resume on another number of ranks
+        draws new augmentations rather than replaying the first steps' ones)."""
+        seed = self.seed + 1_000_003 * self.shard_id
+        if self.global_order is not None and (self.global_order.epoch or self.global_order.start):
+            seed = (seed + 7_919 * self.global_order.epoch + 104_729 * self.global_order.start) % 2**31
+        return seed
 
     def pipeline_kwargs(self) -> dict:
         """The ``pipeline_def`` arguments every crossdali pipeline passes."""
@@ -99,7 +108,7 @@ def check_backend(backend: str, backends: tuple[str, ...], *, what: str = "data 
 def pipeline_options(backend: str, *, batch_size: int, dist: DistInfo | None = None, device_id: int | None = None,
                      workers: int = 4, seed: int = 0, hw_decoder_load: float = 1.0,
                      checkpointing: bool = True, checkpoint: bytes | None = None,
-                     prefetch_queue_depth: int = 2) -> PipelineOptions:
+                     prefetch_queue_depth: int = 2, global_order: GlobalOrder | None = None) -> PipelineOptions:
     """``PipelineOptions`` for a DALI backend: ``dali-gpu`` runs on ``device_id`` (default: the local
     rank's GPU), ``dali-cpu`` on the CPU with no CUDA context; shard = global rank; ``workers`` is
     DALI's CPU thread count (at least 1); ``prefetch_queue_depth`` the batches DALI prepares ahead."""
@@ -111,7 +120,7 @@ def pipeline_options(backend: str, *, batch_size: int, dist: DistInfo | None = N
         device_id=dist.gpu_id(device_id) if gpu else None,
         num_threads=max(1, workers), seed=seed, shard_id=dist.rank, num_shards=dist.world_size,
         hw_decoder_load=hw_decoder_load, checkpointing=checkpointing, checkpoint=checkpoint,
-        prefetch_queue_depth=prefetch_queue_depth)
+        prefetch_queue_depth=prefetch_queue_depth, global_order=global_order)
 
 
 def sub_shard_options(options: PipelineOptions, pipelines: int) -> list[PipelineOptions]:

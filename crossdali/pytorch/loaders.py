@@ -27,12 +27,12 @@ from crossdali.common.augment import check_auto_augment
 from crossdali.common.classification import READER_NAME, ClassificationTransform, create_classification_pipeline
 from crossdali.common.data.sources import DataSource, explain_decode_failure, resolve_source
 from crossdali.common.distributed import DistInfo
-from crossdali.common.errors import DataError
+from crossdali.common.errors import DataError, UsageError
 from crossdali.common.loading.cuda_queues import queues_hint
 from crossdali.common.loading.dali_loader import DALIIteratorLoader
 from crossdali.common.loading.epochs import LastBatchPolicy
 from crossdali.common.loading.loaders import prepare_split
-from crossdali.common.options import CLASSIFICATION_BACKENDS
+from crossdali.common.options import CLASSIFICATION_BACKENDS, DALI_BACKENDS
 
 __all__ = ["BACKENDS", "create_classification_loader", "DALILoader", "NativeLoader", "ShardSampler",
            "SyntheticBatches"]
@@ -217,6 +217,7 @@ def create_classification_loader(
     prefetch_queue_depth: int = 2,
     channels_last: bool = False,
     auto_augment: str = "none",
+    global_order: bool = False,
 ):
     """PyTorch ``(images, labels)`` batches of the train or val split of ``data``, from any backend.
 
@@ -253,6 +254,9 @@ def create_classification_loader(
         auto_augment: the train pipeline's augmentation policy (``crossdali.common.augment``: ``none``,
             ``autoaugment``, ``randaugment``, ``trivialaugment``), the same pixels in every framework for a
             given seed; DALI backends only.
+        global_order: train in one order of the whole dataset per epoch that depends on ``seed`` and the
+            epoch only, not on the number of ranks, so a mid-epoch ``state_dict`` resumes on another number
+            (``resume_from_ranks``; ``crossdali.common.loading.global_order``). DALI backends, image files.
 
     Returns:
         A ``Loader``: ``for images, labels in loader`` is one epoch, the next ``for`` the next one.
@@ -263,6 +267,9 @@ def create_classification_loader(
     source, dist = plan.source, plan.dist
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype, output_layout="HWC" if channels_last else "CHW",
                                         auto_augment=check_auto_augment(auto_augment, backend=backend))
+    if global_order and train and backend not in DALI_BACKENDS:
+        raise UsageError(f"--global-order is an order of DALI's pipeline; the {backend!r} backend (--data-backend) has "
+                         "its own: use dali-gpu or dali-cpu, or leave out --global-order")
 
     if backend == "synthetic":
         on_gpu = torch.cuda.is_available()
@@ -293,7 +300,8 @@ def create_classification_loader(
 
     require_cuda(backend)
     options = plan.pipeline_options(workers=workers, seed=seed, device_id=device_id, hw_decoder_load=hw_decoder_load,
-                                    checkpointing=checkpointing, prefetch_queue_depth=prefetch_queue_depth)
+                                    checkpointing=checkpointing, prefetch_queue_depth=prefetch_queue_depth,
+                                    global_order=global_order and train)
     return DALILoader(plan, options,
                       lambda opts: create_classification_pipeline(source, train=train, options=opts, transform=transform),
                       names=("images", "labels"), reader_name=READER_NAME, channels_last=channels_last,

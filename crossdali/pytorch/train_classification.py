@@ -108,6 +108,9 @@ def load_data(args, runtime: Runtime, backend: str):
         raise UsageError(f"--pipelines {args.pipelines}: the --multi-label loader runs one DALI pipeline per "
                          "process; leave --pipelines out")
     auto_augment = resolve_auto_augment(args, backend=backend)  # refused here where nothing would run it
+    if args.global_order and args.multi_label:
+        raise UsageError("--global-order orders the single-label loader; the --multi-label loader reads in DALI's "
+                         "sharded order: leave --global-order out")
     if args.multi_label:
         return load_multilabel_data(args, runtime, backend)
     data = args.data
@@ -124,7 +127,7 @@ def load_data(args, runtime: Runtime, backend: str):
     val_src = resolve_source(data, "val", **check)
     # checkpointing: the train loader's state_dict carries DALI's position for a mid-epoch resume
     train_loader = create_classification_loader(train_src, train=True, auto_augment=auto_augment, checkpointing=True,
-                                                pipelines=args.pipelines, **common)
+                                                pipelines=args.pipelines, global_order=args.global_order, **common)
     val_loader = create_classification_loader(val_src, train=False, pipelines=args.pipelines, **common)
     num_classes = resolve_num_classes(args.num_classes, train_src.num_classes, data_format=train_src.format, data=data)
     if train_src.classes:

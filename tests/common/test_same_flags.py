@@ -29,7 +29,7 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
 #: only: DALIDataset's next() waits for TensorFlow's compute stream, where DALI's PyTorch, MXNet and JAX
 #: iterators hand over batches without waiting for the running step; --cuda-graphs is PyTorch's only: XLA
 #: (TensorFlow's --jit-compile, JAX) and MXNet's symbolic graphs launch a step their own way
-ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--cuda-graphs"},
+ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--cuda-graphs", "--global-order"},
                                 "tensorflow": {"--jit-compile", "--fetch-ahead"}}
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from crossdali.common.errors import UsageError
 from crossdali.common.loading.epochs import LastBatchPolicy
+from crossdali.common.loading.global_order import GlobalOrder, rank_positions, resume_point
 from crossdali.common.loading.loaders import SplitPlan, decode_dali_checkpoint, encode_dali_checkpoint
 from crossdali.common.options import PipelineOptions, sub_shard_options
 
@@ -46,6 +47,10 @@ class DALIIteratorLoader:
     ``reader_kind`` names which DALI reader operator ``reader_name`` is where a loader may use one of
     several (video: ``"legacy"`` or ``"experimental"``, ``crossdali.common.data.videos.clip_reader``); it is
     saved with the checkpoints, since one operator's checkpoint cannot restore the other.
+
+    Built with ``options.global_order`` (``crossdali.common.loading.global_order``), ``state_dict()`` also
+    records where the epoch stands in the one order of every world size, and ``resume_from_ranks`` continues
+    from the states of all ranks of a job of another size.
     """
 
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
@@ -63,6 +68,12 @@ class DALIIteratorLoader:
                   dist.local_rank, options.shard_id, options.num_shards, f"GPU {options.device_id}"
                   if options.device == "gpu" else f"the CPU (dali-gpu would use GPU {dist.gpu_id()})")
         self._batches = 0  # batches yielded in the epoch in progress
+        self.order = options.global_order  # where the pipelines started in the global order (None: sharded)
+        self._consumed = 0  # samples yielded in the epoch in progress (global order)
+        if self.order is not None:
+            if plan.pipelines != 1:
+                raise UsageError(f"--global-order reads one pipeline per rank; drop --pipelines {plan.pipelines}")
+            self.reader_name = None  # the files come from GlobalOrderFiles, not a DALI reader with epoch metadata
         self._iters = [self._make_iterator(o) for o in self._pipeline_options]
 
     # -- what a framework subclass provides --------------------------------------------------
@@ -87,6 +98,8 @@ class DALIIteratorLoader:
         rank's first batch was one image four times, and later ones shifted, so images repeated and
         others went missing). PARTIAL reads each epoch to its end, so here DROP yields the first
         ``len(self)`` batches (all full) and reads the rest of the epoch without yielding it."""
+        if self.order is not None:  # GlobalOrderFiles gives whole batches only under DROP
+            return LastBatchPolicy.PARTIAL
         if self.policy == LastBatchPolicy.DROP and self.reader_name:
             return LastBatchPolicy.PARTIAL
         return self.policy
@@ -138,14 +151,22 @@ class DALIIteratorLoader:
             if batch[self.names[0]].shape[0] == 0:
                 continue  # a shard shorter than the longest one ends with an empty batch
             self._batches += 1
+            self._consumed += batch[self.names[0]].shape[0]
             if self.unfold > 1:
                 batch = {n: x.reshape((-1, *x.shape[2:])) for n, x in batch.items()}
             yield tuple(self._flat(batch[n]) if n in self.flatten else batch[n] for n in self.names)
         self.epoch += 1
-        self._batches = 0
+        self._batches = self._consumed = 0
 
     def state_dict(self) -> dict:
         state = {"epoch": self.epoch, "batches": self._batches}
+        if self.order is not None:
+            o = self._options
+            state["global_order"] = {
+                "epoch": self.epoch, "start": self.order.start if self.epoch == self.order.epoch else 0,
+                "consumed": self._consumed, "rank": o.shard_id, "world": o.num_shards, "batch_size": o.batch_size,
+                "drop_last": self.order.drop_last, "seed": o.seed, "num_samples": self.plan.num_samples,
+                "pipeline_start": [self.order.epoch, self.order.start]}
         if self._options.checkpointing:
             saved = [encode_dali_checkpoint(it.checkpoints()[0]) for it in self._iters]
             state["dali"] = saved[0] if len(saved) == 1 else saved
@@ -155,7 +176,62 @@ class DALIIteratorLoader:
                 state["unfold"] = self.unfold
         return state
 
+    def _check_global_order(self, state: dict) -> dict:
+        """The ``global_order`` part of a saved state, checked against this loader's data and seed."""
+        saved = state.get("global_order")
+        if self.order is None and saved is not None:
+            raise UsageError("this loader state was saved in the global order (--global-order): resume with "
+                             "--global-order (global_order=True)")
+        if self.order is not None and saved is None:
+            raise UsageError("this loader state was saved in DALI's sharded order: resume without --global-order "
+                             "(global_order=False), on the same number of processes")
+        if saved is not None:
+            for key, mine in (("num_samples", self.plan.num_samples), ("seed", self._options.seed),
+                              ("batch_size", self._options.batch_size)):
+                if saved[key] != mine:
+                    raise UsageError(f"this loader state was saved with {key}={saved[key]} and this loader has "
+                                     f"{key}={mine}: the global order continues only on the same data, --seed and "
+                                     "--batch-size (per process)")
+        return saved
+
+    def _rebuild(self, order: GlobalOrder, checkpoint: bytes | None) -> None:
+        self.order = order
+        self._pipeline_options = [replace(self._options, global_order=order, checkpoint=checkpoint)]
+        self._iters = [self._make_iterator(o) for o in self._pipeline_options]
+
+    def resume_from_ranks(self, states: list[dict]) -> int:
+        """Continue the epoch that the loaders of a job of any number of ranks stood in, from all their
+        ``state_dict()``s saved at one step (global order only): this rank reads its part of the positions
+        they had not read. Returns the steps of that epoch counted as done on this job's scale (``len(self)``
+        minus the batches rank 0 has left), for a training loop's step counter and schedule."""
+        if self.order is None:
+            raise UsageError("a loader state resumes on another number of processes only in the global order: "
+                             "save and resume with --global-order")
+        saved = [self._check_global_order(s) for s in states]
+        epoch, position = resume_point(states, num_samples=self.plan.num_samples)
+        self._rebuild(GlobalOrder(drop_last=self.order.drop_last, epoch=epoch, start=position), None)
+        self.epoch, self._consumed = epoch, 0
+        left = len(rank_positions(self.plan.num_samples, start=position, rank=0, world=self._options.num_shards,
+                                  batch_size=self._options.batch_size, drop_last=self.order.drop_last))
+        self._batches = max(0, len(self) - -(-left // self._options.batch_size))
+        log.info("data: epoch %d continues at sample %d of %d of its order (saved by %d process(es), read now by %d)",
+                 epoch + 1, position, self.plan.num_samples, saved[0]["world"], self._options.num_shards)
+        return self._batches
+
     def load_state_dict(self, state: dict) -> None:
+        saved = self._check_global_order(state)
+        if saved is not None:
+            if (saved["world"], saved["rank"]) != (self._options.num_shards, self._options.shard_id):
+                raise UsageError(f"this loader state is rank {saved['rank']}'s of {saved['world']}; this loader is rank "
+                                 f"{self._options.shard_id} of {self._options.num_shards}: pass the states of all ranks "
+                                 "to resume_from_ranks")
+            if "dali" in state and self._options.checkpointing:  # DALI's checkpoint: augmentations too
+                self._rebuild(GlobalOrder(self.order.drop_last, *saved["pipeline_start"]),
+                              decode_dali_checkpoint(state["dali"]))
+                self.epoch, self._batches, self._consumed = int(state["epoch"]), int(state["batches"]), saved["consumed"]
+            else:
+                self.resume_from_ranks([state])
+            return
         self.epoch, self._batches = int(state["epoch"]), int(state.get("batches", 0))
         if "dali" not in state:
             log.warning("loader state without a DALI checkpoint: epoch counter restored, but the data order "

@@ -32,6 +32,7 @@ from crossdali.common.loading.epochs import (
     choose_last_batch_policy,
     log_epoch_plan,
 )
+from crossdali.common.loading.global_order import GLOBAL_ORDER_FORMATS, GlobalOrder
 from crossdali.common.options import DALI_BACKENDS, PipelineOptions, check_backend, pipeline_options
 
 __all__ = ["Loader", "SplitPlan", "prepare_split", "encode_dali_checkpoint", "decode_dali_checkpoint"]
@@ -96,12 +97,24 @@ class SplitPlan:
 
     def pipeline_options(self, *, workers: int = 4, seed: int = 0, device_id: int | None = None,
                          hw_decoder_load: float = 1.0, checkpointing: bool = True,
-                         checkpoint: bytes | None = None, prefetch_queue_depth: int = 2) -> PipelineOptions:
-        """``PipelineOptions`` for this split's DALI backend (see ``crossdali.common.options.pipeline_options``)."""
+                         checkpoint: bytes | None = None, prefetch_queue_depth: int = 2,
+                         global_order: bool = False) -> PipelineOptions:
+        """``PipelineOptions`` for this split's DALI backend (see ``crossdali.common.options.pipeline_options``).
+        ``global_order``: train in the order of ``crossdali.common.loading.global_order`` (image files only),
+        so that a mid-epoch checkpoint resumes on any number of ranks."""
+        order = None
+        if global_order:
+            if not self.train:
+                raise ValueError("global_order applies to the train split (val reads every sample once in order)")
+            if self.source.format not in GLOBAL_ORDER_FORMATS:
+                raise UsageError(f"--global-order reads image files one by one (ImageFolder or a file list); "
+                                 f"{self.source.root} holds {self.source.format} records, which DALI reads by shard. "
+                                 "Train on the image files, or leave out --global-order")
+            order = GlobalOrder(drop_last=self.policy == LastBatchPolicy.DROP)
         return pipeline_options(self.backend, batch_size=self.batch_size, dist=self.dist, device_id=device_id,
                                 workers=workers, seed=seed, hw_decoder_load=hw_decoder_load,
                                 checkpointing=checkpointing, checkpoint=checkpoint,
-                                prefetch_queue_depth=prefetch_queue_depth)
+                                prefetch_queue_depth=prefetch_queue_depth, global_order=order)
 
 
 def prepare_split(

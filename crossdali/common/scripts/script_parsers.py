@@ -64,6 +64,11 @@ def pytorch_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "--multi-label). 2 load faster where the loader is the bottleneck, but leave the model "
                              "less of the GPU (docs/benchmarks.md#classification-loaders). --resume needs the count "
                              "the checkpoint was saved with")
+    parser.add_argument("--global-order", action="store_true",
+                        help="train in one order of the whole dataset per epoch that depends on --seed and the epoch "
+                             "only, not on the number of processes, so a mid-epoch checkpoint resumes on any number "
+                             "(DALI backends, image files, one pipeline; docs/distributed.md#resuming-on-a-different-"
+                             "number-of-gpus). Default: DALI's sharded order, which resumes on the same number only")
     parser.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
                         help="capture the model's training forward and backward as CUDA graphs, so that the host "
                              "launches a step in a few calls. auto: on where one process trains on a CUDA GPU "

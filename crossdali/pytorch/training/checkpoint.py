@@ -170,18 +170,23 @@ class Checkpointer:
                              "start a new run")
         self._check_model(ckpt, path)
         world = self.runtime.dist.world_size
-        if ckpt["world_size"] != world:
+        resize = ckpt["world_size"] != world
+        if resize and getattr(state.loader, "order", None) is None:
             raise UsageError(f"--resume {path} was saved by {ckpt['world_size']} process(es) and this job has {world}: "
-                             "training resumes with the same number (each rank continues its own data shard, and "
-                             "the global batch sets the schedule); --test-only evaluates it with any number")
+                             "training resumes with the same number (each rank continues its own data shard), unless "
+                             "both runs train with --global-order; --test-only evaluates it with any number")
+        base_lrs = list(state.scheduler.base_lrs)  # this job's learning rate (scaled for its global batch)
         state.model.load_state_dict(ckpt["model"])
         state.optimizer.load_state_dict(ckpt["optimizer"])
         state.scheduler.load_state_dict(ckpt["scheduler"])
         state.amp.scaler.load_state_dict(ckpt["scaler"])
         state.epoch, state.step, state.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
         state.best, state.best_epoch = ckpt["best"], ckpt["best_epoch"]
-        mine = ckpt["ranks"][self.runtime.dist.rank]
-        state.loader.load_state_dict(mine["loader"])
+        mine = ckpt["ranks"][min(self.runtime.dist.rank, len(ckpt["ranks"]) - 1)]
+        if resize:
+            self._resize(ckpt, state, base_lrs)
+        else:
+            state.loader.load_state_dict(mine["loader"])
         _set_rng_state(mine["rng"])
         if self.runtime.dist.is_main:  # the epoch's sums over all ranks so far: rank 0 carries them on
             state.sums, state.seconds = dict(ckpt["sums"]), ckpt["seconds"]
@@ -190,6 +195,30 @@ class Checkpointer:
             log.warning("--resume %s was planned for %s epochs, now %s: the learning rate continues on the new "
                         "warm-up + cosine schedule", path, planned, self.meta["config"].get("epochs"))
         log.info("resumed from %s at epoch %d, step %d", path, state.epoch + 1, state.step)
+
+    def _resize(self, ckpt: dict, state: TrainState, base_lrs: list[float]) -> None:
+        """Continue a checkpoint of another number of processes (global order): the loader reads the samples
+        the saved job had not read this epoch, split over this job's ranks; the step counter and the
+        learning-rate schedule continue at the same point of the epoch in this job's steps (its global batch
+        differs, and ``--lr`` is scaled for it)."""
+        loader = state.loader
+        step = loader.resume_from_ranks([r["loader"] for r in ckpt["ranks"]])
+        if loader.epoch != state.epoch:  # saved after the epoch's last step, before its end
+            log.warning("--resume: epoch %d had been read to its end; continuing with epoch %d", state.epoch + 1,
+                        loader.epoch + 1)
+            state.epoch = loader.epoch
+            state.sums, state.seconds, step = {k: 0.0 for k in state.sums}, 0.0, 0
+        state.step, state.global_step = step, state.epoch * len(loader) + step
+        scheduler = state.scheduler
+        scheduler.base_lrs, scheduler.last_epoch = base_lrs, state.global_step
+        lrs = [base * f(state.global_step) for base, f in zip(base_lrs, scheduler.lr_lambdas, strict=True)]
+        for group, base, lr in zip(state.optimizer.param_groups, base_lrs, lrs, strict=True):
+            group["initial_lr"], group["lr"] = base, lr
+        scheduler._last_lr = lrs
+        log.warning("--resume: saved by %d process(es), continued by %d: the global batch is now %d (was %d); "
+                    "epoch %d continues at step %d of %d", ckpt["world_size"], self.runtime.dist.world_size,
+                    loader.batch_size * self.runtime.dist.world_size, loader.batch_size * ckpt["world_size"],
+                    state.epoch + 1, step, len(loader))
 
     def resume(self, ckpt: dict | None, state: TrainState, *, path: Path | None, test_only: bool) -> None:
         """``--resume``: the whole training state, or only the weights with ``--test-only``."""
