@@ -78,6 +78,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="hw_decoder_load values of the dali-gpu --pipelines rows, comma-separated (one row each): "
                              "below 1, the rest of the JPEGs go to nvJPEG's CUDA decoder (Huffman on the pipeline's CPU "
                              "threads) beside the hardware engines")
+    parser.add_argument("--global-order", action="store_true",
+                        help="also the DALI rows in the global order (global_order=True: one order per epoch for any "
+                             "number of ranks, docs/distributed.md#resuming-on-a-different-number-of-gpus), beside the "
+                             "sharded default")
     parser.add_argument("--skip-train", action="store_true", help="only the bare loader measurement")
     parser.add_argument("--skip-loader", action="store_true", help="only the training measurement")
     parser.add_argument("--min-seconds", type=float, default=5.0,
@@ -578,6 +582,11 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
     spdl_missing = _spdl_missing(source.files[0])
     for share in args.hw_shares:
         configs.append((f"DALI GPU hw_decoder_load={share:g}", dict(backend="dali-gpu", workers=workers, hw_decoder_load=share)))
+    if args.global_order:  # the file reader's sharded order against GlobalOrderFiles + fn.io.file.read
+        configs.append(("DALI CPU, global order", dict(backend="dali-cpu", workers=workers, global_order=True)))
+        if device.type == "cuda":
+            configs.append(("DALI GPU hw_decoder_load=1, global order",
+                            dict(backend="dali-gpu", workers=workers, hw_decoder_load=1.0, global_order=True)))
     for threads in (int(x) for x in args.threads.split(",") if x):
         if threads != workers:
             configs.append((f"DALI GPU hw_decoder_load=1 {threads} threads",
@@ -609,7 +618,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
     for name, cfg in [] if args.skip_loader else configs:
         kind = cfg.pop("kind", None)
         row = {"name": name, "backend": kind or cfg["backend"], "threads": cfg["workers"],
-               "hw_decoder_load": cfg.get("hw_decoder_load"), "pipelines": cfg.get("pipelines", 1)}
+               "hw_decoder_load": cfg.get("hw_decoder_load"), "pipelines": cfg.get("pipelines", 1),
+               "global_order": cfg.get("global_order", False)}
         if kind in SPDL_ROWS.values() and (spdl_missing or (kind == "spdl-nvjpeg" and device.type != "cuda")):
             row["skipped"] = spdl_missing or "no CUDA device here: nvJPEG decodes on the GPU"
             print(f"{name:52s} skipped: {row['skipped'][:120]}", flush=True)
