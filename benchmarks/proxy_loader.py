@@ -1,7 +1,7 @@
 """Images/s of the three ways a PyTorch user can load the same JPEGs with the RN50 train transform:
 a plain ``DataLoader`` (PIL + torchvision), the same ``DataLoader`` with DALI Proxy doing the decode
 and augmentation (``crossdali.pytorch.proxy``), and crossdali's own DALI loader
-(docs/from-dataloader.md#dali-proxy).
+(docs/from-dataloader.md#1-dali-proxy-keep-your-dataset-and-dataloader).
 
     python -m benchmarks.proxy_loader                        # on a GPU machine: results/latest/proxy_loader.json
     python -m benchmarks.proxy_loader --cpu --size small -b 64 --workers 2 --threads 2 --out /tmp/pl
