@@ -30,6 +30,7 @@ from crossdali.common.data.check.core import (
 from crossdali.common.data.check.decode import describe_dali_error
 from crossdali.common.data.check.exclude import Exclusions, load_exclusions
 from crossdali.common.data.formats import FORMATS, IMAGE_EXTENSIONS
+from crossdali.common.data.object_store import is_object_url, resolve_object_source
 from crossdali.common.errors import DataError
 
 __all__ = [
@@ -336,7 +337,14 @@ def resolve_source(data: Path | str, split: str, *, format: str = "auto", valida
     - ``webdataset``: ``data/<split>-*.tar`` shards (``.jpg`` + ``.cls`` per sample), each with
       the ``.idx`` of DALI's ``wds2idx`` beside it
     - ``filelist``: ``data/<split>.txt`` (``<path> <label>`` lines, paths relative to ``data``)
+
+    ``data`` may be an ``s3://bucket/prefix`` URL (a string) holding the same layouts: DALI then
+    reads the objects from the store (``crossdali.common.data.object_store``, docs/object-stores.md).
     """
+    if str(data).startswith("s3:/") and not os.path.exists(data):
+        url = str(data) if is_object_url(str(data)) else "s3://" + str(data)[len("s3:/"):]  # a Path folds the //
+        return resolve_object_source(url, split, format=format, validate=validate, exclude=exclude,
+                                     max_pixels=max_pixels)
     data = Path(data)
     if format not in ("auto", *FORMATS):
         raise ValueError(f"format must be 'auto' or one of {FORMATS}, got {format!r}")

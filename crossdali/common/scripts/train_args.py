@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from crossdali.common.augment import AUTO_AUGMENT_HELP, AUTO_AUGMENT_POLICIES, check_auto_augment
+from crossdali.common.data.object_store import data_location
 from crossdali.common.data.sample_data import SIZES
 from crossdali.common.errors import UsageError
 from crossdali.common.models import LIST_COMMAND, arch_type
@@ -100,7 +101,7 @@ def add_data_args(parser: argparse.ArgumentParser, *, backends: Sequence[str], d
     ``hw_decoder_load`` add those flags only where the task has them (None/False: left out);
     ``workers=None``: ``-j`` from the machine (``crossdali.common.scripts.defaults``)."""
     group = parser.add_argument_group("data")
-    group.add_argument("--data", type=Path, default=None,
+    group.add_argument("--data", type=data_location, default=None,
                        help=f"{data_help}; default: the embedded sample set (built if missing)")
     if data_formats:
         group.add_argument("--data-format", default="auto", choices=["auto", *data_formats], help="dataset layout")

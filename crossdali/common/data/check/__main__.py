@@ -15,13 +15,15 @@ import sys
 from pathlib import Path
 
 from crossdali.common.data.check.images import DEFAULT_MAX_PIXELS
+from crossdali.common.data.object_store import data_location
 from crossdali.common.scripts.train_args import non_negative_int, positive_int
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crossdali check", description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("data", type=Path, help="dataset folder (every split and format under it is checked)")
+    parser.add_argument("data", type=data_location,
+                        help="dataset folder, or s3://bucket/prefix (every split and format under it is checked)")
     parser.add_argument("--depth", choices=("fast", "full"), default="fast",
                         help="fast: headers, structure, JPEG data at 1/8 scale; full: also decode every sample with DALI "
                              "(default: fast)")

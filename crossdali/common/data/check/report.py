@@ -26,6 +26,7 @@ from crossdali.common.data.check.core import (
 )
 from crossdali.common.data.check.exclude import format_exclusions
 from crossdali.common.data.coco import DetectionSource, coco_problems, resolve_detection_source
+from crossdali.common.data.object_store import check_object_source, find_object_splits, is_object_url, resolve_object_source
 from crossdali.common.data.sources import DataSource, read_file_list, resolve_source
 from crossdali.common.data.videos import resolve_video_source, video_problems
 from crossdali.common.errors import DataError
@@ -273,6 +274,8 @@ def check_data(data: str | os.PathLike, *, depth: str = "fast", device: str = "a
     settings = CheckSettings(depth=depth, device=device, threads=threads, batch_size=batch_size, cache_dir=cache_dir,
                              use_cache=use_cache, processes=processes,
                              **({"max_pixels": max_pixels} if max_pixels else {}))
+    if is_object_url(data):
+        return _check_object_store(str(data), settings=settings, splits=splits, depth=depth, progress=progress)
     targets = [t for t in discover(data) if splits is None or t.split in set(splits)]
     if not targets:
         raise DataError(f"found no dataset under {data}: expected an ImageFolder (train/<class>/...), TFRecord or "
@@ -294,6 +297,33 @@ def check_data(data: str | os.PathLike, *, depth: str = "fast", device: str = "a
             report.splits.append(check_source(source, settings=settings, root=data, split=t.split, transform=transform))
     finally:
         _close_bar(bar)
+    return report
+
+
+def _check_object_store(url: str, *, settings: CheckSettings, splits: Iterable[str] | None, depth: str,
+                        progress: bool) -> Report:
+    """``check_data`` for an ``s3://`` dataset: the fast pass over the objects' bytes
+    (``crossdali.common.data.object_store.check_object_source``)."""
+    report = Report(url, depth, settings.device, settings.max_pixels)
+    found = find_object_splits(url, SPLITS if splits is None else tuple(splits))
+    if not found:
+        raise DataError(f"found no dataset under {url}: expected an ImageFolder (train/<class>/...), TFRecord, RecordIO or "
+                        "WebDataset files with .idx, or file lists (train.txt)")
+    for where, split in found:
+        start = time.perf_counter()
+        try:
+            source = resolve_object_source(where, split, validate=False)
+        except DataError as e:
+            report.splits.append(SplitReport("classification", "?", split, where, 0, [Problem(split, where, "layout", str(e))]))
+            continue
+        bar = _progress_bar(source.num_samples, f"check {depth}", enabled=progress)
+        try:
+            problems, total = check_object_source(source, settings=replace(settings, progress=bar.update if bar else None))
+        finally:
+            _close_bar(bar)
+        location = ", ".join(source.paths) if source.paths else str(source.root)
+        report.splits.append(SplitReport("classification", source.format, split, location, total, problems,
+                                         time.perf_counter() - start))
     return report
 
 

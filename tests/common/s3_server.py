@@ -1,0 +1,90 @@
+"""A real S3-compatible server on the loopback for the object-store tests: moto's standalone server
+(``python -m moto.server``) in a process of its own, and the sample sets uploaded into it.
+
+A process of its own, not moto's in-process thread: DALI's readers open their S3 objects while a
+pipeline is built, holding Python's lock, and a server thread in the same process could then
+never answer them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+#: What the tests put in the AWS variables: never real credentials. The secret is what the
+#: "never logged" test looks for in every output.
+ACCESS_KEY = "crossdali-test-key"
+SECRET_KEY = "crossdali-test-secret-3f9a1c"
+REGION = "us-east-1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def moto_server(timeout: float = 60.0) -> Iterator[str]:
+    """moto's S3 server on a free loopback port; yields its endpoint URL and stops it after."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's server did not start on port {port} (exit code {proc.poll()})") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def aws_env(endpoint: str) -> dict[str, str]:
+    """The AWS variables that point a client (boto3, DALI's AWS SDK) at ``endpoint``."""
+    return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION,
+            "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def upload_folder(endpoint: str, folder: Path, bucket: str, prefix: str, *, only=None) -> str:
+    """Every file under ``folder`` (whose relative path ``only`` accepts, when given) as
+    ``s3://bucket/prefix/<relative path>`` (the bucket is created if missing); returns that URL."""
+    import boto3
+
+    env = aws_env(endpoint)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=bucket)
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and (only is None or only(path.relative_to(folder).as_posix())):
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+    return f"s3://{bucket}/{prefix}"
+
+
+@contextmanager
+def aws_environment(endpoint: str) -> Iterator[dict[str, str]]:
+    """``aws_env(endpoint)`` set in ``os.environ`` for the block (restored after)."""
+    env = aws_env(endpoint)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
