@@ -82,6 +82,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="also the DALI rows in the global order (global_order=True: one order per epoch for any "
                              "number of ranks, docs/distributed.md#resuming-on-a-different-number-of-gpus), beside the "
                              "sharded default")
+    parser.add_argument("--auto-augment", default="", metavar="POLICIES",
+                        help="also the DALI CPU and GPU (hardware share 1) rows with these augmentation policies, "
+                             "comma-separated (autoaugment,randaugment,trivialaugment; crossdali.common.augment): what "
+                             "each costs beside the plain rows (docs/benchmarks.md#auto-augment)")
     parser.add_argument("--skip-train", action="store_true", help="only the bare loader measurement")
     parser.add_argument("--skip-loader", action="store_true", help="only the training measurement")
     parser.add_argument("--min-seconds", type=float, default=5.0,
@@ -587,6 +591,11 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         if device.type == "cuda":
             configs.append(("DALI GPU hw_decoder_load=1, global order",
                             dict(backend="dali-gpu", workers=workers, hw_decoder_load=1.0, global_order=True)))
+    for policy in (x for x in args.auto_augment.split(",") if x):  # checked by the loader factory
+        configs.append((f"DALI CPU, {policy}", dict(backend="dali-cpu", workers=workers, auto_augment=policy)))
+        if device.type == "cuda":
+            configs.append((f"DALI GPU hw_decoder_load=1, {policy}",
+                            dict(backend="dali-gpu", workers=workers, hw_decoder_load=1.0, auto_augment=policy)))
     for threads in (int(x) for x in args.threads.split(",") if x):
         if threads != workers:
             configs.append((f"DALI GPU hw_decoder_load=1 {threads} threads",
@@ -619,7 +628,7 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
         kind = cfg.pop("kind", None)
         row = {"name": name, "backend": kind or cfg["backend"], "threads": cfg["workers"],
                "hw_decoder_load": cfg.get("hw_decoder_load"), "pipelines": cfg.get("pipelines", 1),
-               "global_order": cfg.get("global_order", False)}
+               "global_order": cfg.get("global_order", False), "auto_augment": cfg.get("auto_augment", "none")}
         if kind in SPDL_ROWS.values() and (spdl_missing or (kind == "spdl-nvjpeg" and device.type != "cuda")):
             row["skipped"] = spdl_missing or "no CUDA device here: nvJPEG decodes on the GPU"
             print(f"{name:52s} skipped: {row['skipped'][:120]}", flush=True)

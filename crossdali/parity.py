@@ -5,7 +5,9 @@
     python -m crossdali.parity compare .cache/parity                             # anywhere with numpy
     python -m crossdali.parity gpu --out /tmp/parity_gpu                          # GPU machine, all frameworks there
 
-``dump`` runs the shared train pipeline (fixed seed) and val pipeline (``dali-cpu`` by default,
+``dump`` runs the shared train pipeline (fixed seed), the train pipeline with an augmentation policy
+(``--auto-augment``, default ``trivialaugment``: the seed must fix its random choices in every framework)
+and the val pipeline (``dali-cpu`` by default,
 ``--backend dali-gpu`` on a GPU) through THAT framework's wrapper, and, where the framework wraps
 them, the clip pipeline (``VIDEO_SPLITS``) and the SSD pipeline (``DETECTION_SPLITS``, with
 ``--detection-data``); converts the first K batches to numpy in one layout (NCHW, integers as
@@ -40,8 +42,9 @@ import numpy as np
 __all__ = ["DumpConfig", "DUMPERS", "ParityError", "dump", "compare", "load_dump", "mark_session_started", "gpu_parity"]
 
 #: Classification: the first batches of the train pipeline's first and second epochs (DALI reshuffles
-#: every epoch: the second must agree too) and of val.
-SPLITS = ("train", "train_epoch2", "val")
+#: every epoch: the second must agree too), of the train pipeline with ``DumpConfig.auto_augment``'s
+#: policy (first epoch) and of val.
+SPLITS = ("train", "train_epoch2", "train_auto_augment", "val")
 #: Video clip batches (``crossdali.common.video``, NCFHW), dumped by the frameworks that have a video
 #: wrapper when ``DumpConfig.video_data`` is set; compared among the dumps that hold them.
 VIDEO_SPLITS = ("video_train", "video_val")
@@ -50,6 +53,7 @@ DETECTION_SPLITS = ("detection_train", "detection_val")
 #: The arrays of one batch, per split, in the order the loaders yield them.
 SPLIT_FIELDS = {
     "train": ("images", "labels"), "train_epoch2": ("images", "labels"), "val": ("images", "labels"),
+    "train_auto_augment": ("images", "labels"),
     "video_train": ("images", "labels"), "video_val": ("images", "labels"),
     "detection_train": ("images", "offsets", "labels"),
     "detection_val": ("images", "boxes", "labels", "image_ids"),
@@ -75,6 +79,9 @@ class DumpConfig:
     detection_data: str = ""  # the COCO-format sample set ("" = no SSD batches in the dump)
     backend: str = "dali-cpu"
     hw_decoder_load: float = 1.0
+    # the policy of the train_auto_augment split (crossdali.common.augment): TrivialAugment's one operation
+    # per image covers most of its 14 operations in a few batches, at the cost of one more pipeline build
+    auto_augment: str = "trivialaugment"
 
 
 Batches = list[tuple[np.ndarray, ...]]
@@ -140,6 +147,10 @@ def _dump_wrapper(cfg: DumpConfig, module, to_numpy: Callable, *, classification
             result["train_epoch2"] = _take(second, cfg.batches, np.asarray, channels_last=channels_last, split="train")
         else:
             result["val"] = _take(loader, cfg.batches, to_numpy, channels_last=channels_last, split="val")
+    loader = module.create_classification_loader(cfg.data, train=True, auto_augment=cfg.auto_augment,
+                                                 **_classification_kwargs(cfg), **classification_layout)
+    result["train_auto_augment"] = _take(loader, cfg.batches, to_numpy, channels_last=channels_last,
+                                         split="train_auto_augment")
     if cfg.video_data and hasattr(module, "create_video_loader"):
         for split in VIDEO_SPLITS:
             loader = module.create_video_loader(cfg.video_data, train=split == "video_train", **_video_kwargs(cfg))
@@ -182,6 +193,10 @@ def _dump_mxnet(cfg: DumpConfig) -> dict[str, Batches]:
     first, second = rows(train), rows(train)  # one `for` per epoch, as every crossdali loader
     result["train"] = _take(first, cfg.batches, np.asarray, channels_last=False, split="train")
     result["train_epoch2"] = _take(second, cfg.batches, np.asarray, channels_last=False, split="train")
+    augmented = create_classification_loader(cfg.data, train=True, auto_augment=cfg.auto_augment,
+                                             **_classification_kwargs(cfg))
+    result["train_auto_augment"] = _take(rows(augmented), cfg.batches, np.asarray, channels_last=False,
+                                         split="train_auto_augment")
     val = create_classification_loader(cfg.data, train=False, **_classification_kwargs(cfg))
     result["val"] = _take(rows(val), cfg.batches, np.asarray, channels_last=False, split="val")
     return result
@@ -428,6 +443,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                    help="COCO-format set; default: the tiny detection sample set")
     d.add_argument("--backend", choices=("dali-cpu", "dali-gpu"), default="dali-cpu")
     d.add_argument("--hw-decoder-load", type=float, default=1.0, help="hardware JPEG decoder share (dali-gpu)")
+    d.add_argument("--auto-augment", default=DumpConfig.auto_augment,
+                   choices=("autoaugment", "randaugment", "trivialaugment"),
+                   help="augmentation policy of the train_auto_augment split (crossdali.common.augment)")
     for field in ("batches", "batch_size", "crop_size", "workers", "seed"):
         d.add_argument(f"--{field.replace('_', '-')}", type=int, default=DumpConfig.__dataclass_fields__[field].default)
     c = sub.add_parser("compare", help="compare all dumps in a folder, bit for bit")
@@ -472,7 +490,7 @@ def main(args: argparse.Namespace) -> None:
                          crop_size=args.crop_size, workers=args.workers, seed=args.seed,
                          video_data=str(Path(video).resolve()) if video else "",
                          detection_data=str(Path(detection).resolve()) if detection else "",
-                         backend=args.backend, hw_decoder_load=args.hw_decoder_load)
+                         backend=args.backend, hw_decoder_load=args.hw_decoder_load, auto_augment=args.auto_augment)
         path = dump(args.framework, args.out, cfg)
         print(f"parity: wrote {path}")
         return
@@ -501,7 +519,9 @@ def main(args: argparse.Namespace) -> None:
     extra = [f"{kind} ({', '.join(n for n in names if set(splits) <= set(held[n]))})"
              for kind, splits in (("video clips", VIDEO_SPLITS), ("SSD batches", DETECTION_SPLITS))
              if any(set(splits) <= set(held[n]) for n in names)]
-    print(f"parity: {', '.join(names)} identical bit for bit (classification train and val, layout {LAYOUT}"
+    policy = load_dump(args.out / f"{names[0]}.npz")[0]["config"].get("auto_augment", "none")
+    print(f"parity: {', '.join(names)} identical bit for bit (classification train, train with {policy} and val, "
+          f"layout {LAYOUT}"
           + (f"; {'; '.join(extra)}" if extra else "") + ")")
 
 

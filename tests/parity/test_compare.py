@@ -33,7 +33,8 @@ def two_dumps(tmp_path) -> Path:
         rng = np.random.default_rng(0)
         arrays = {f"{s}/{i}/{k}": (rng.standard_normal((4, 3, 8, 8)).astype(np.float32) if k == "images"
                                    else np.arange(4, dtype=np.int64))
-                  for s in ("train", "train_epoch2", "val") for i in range(2) for k in ("images", "labels")}
+                  for s in ("train", "train_epoch2", "train_auto_augment", "val") for i in range(2)
+                  for k in ("images", "labels")}
         meta = {"framework": "a", "config": {"seed": 7}, "layout": "NCHW", "data_digest": "x"}
         np.savez(tmp_path / "a.npz", __meta__=np.array(json.dumps(meta)), **arrays)
     shutil.copy(tmp_path / "a.npz", tmp_path / "b.npz")
