@@ -39,6 +39,7 @@ from nvidia.dali.plugin.pytorch.experimental import proxy as dali_proxy
 
 from crossdali.common.classification import ClassificationTransform, augment_classification
 from crossdali.common.data.sources import sniff_image_bytes
+from crossdali.common.distributed import DistInfo
 from crossdali.common.errors import DataError
 from crossdali.common.options import pipeline_options
 from crossdali.pytorch.loaders import require_cuda
@@ -52,8 +53,8 @@ IMAGES_INPUT = "images"
 
 
 def create_proxy_pipeline(*, train: bool, backend: str = "dali-gpu", batch_size: int = 256, crop_size: int = 224,
-                          workers: int = 4, seed: int = 0, device_id: int | None = None, dtype: str = "float32",
-                          hw_decoder_load: float = 1.0, prefetch_queue_depth: int = 2):
+                          workers: int = 4, seed: int = 0, dist: DistInfo | None = None, device_id: int | None = None,
+                          dtype: str = "float32", hw_decoder_load: float = 1.0, prefetch_queue_depth: int = 2):
     """The DALI pipeline a proxy server runs: encoded images in (``IMAGES_INPUT``), crossdali's train
     or val transform, images out (float CHW). Built, not started.
 
@@ -63,8 +64,11 @@ def create_proxy_pipeline(*, train: bool, backend: str = "dali-gpu", batch_size:
         batch_size: the largest batch the ``DataLoader`` hands it.
         crop_size: side of the square output images.
         workers: DALI's CPU threads.
-        seed: the augmentation's random seed.
-        device_id: the GPU of ``dali-gpu`` (default 0).
+        seed: the augmentation's random seed (each rank of ``dist`` derives its own from it).
+        dist: rank and world size (default: one process). The GPU is the local rank's and every
+            rank augments differently; splitting the data is the ``DataLoader``'s sampler's job
+            (e.g. ``DistributedSampler``).
+        device_id: the GPU of ``dali-gpu`` (default: the local rank's).
         dtype: ``float32`` or ``float16`` images.
         hw_decoder_load: the share of JPEGs for the GPU's hardware JPEG decoder (``dali-gpu``).
         prefetch_queue_depth: batches DALI holds in flight; the server feeds it up to this many
@@ -72,7 +76,7 @@ def create_proxy_pipeline(*, train: bool, backend: str = "dali-gpu", batch_size:
     """
     from nvidia.dali import fn, pipeline_def, types
 
-    options = pipeline_options(backend, batch_size=batch_size, device_id=device_id, workers=workers, seed=seed,
+    options = pipeline_options(backend, batch_size=batch_size, dist=dist, device_id=device_id, workers=workers, seed=seed,
                                hw_decoder_load=hw_decoder_load, checkpointing=False,
                                prefetch_queue_depth=prefetch_queue_depth)
     transform = ClassificationTransform(crop_size=crop_size, dtype=dtype)
@@ -86,15 +90,15 @@ def create_proxy_pipeline(*, train: bool, backend: str = "dali-gpu", batch_size:
 
 
 def create_proxy_server(*, train: bool, backend: str = "dali-gpu", batch_size: int = 256, crop_size: int = 224,
-                        workers: int = 4, seed: int = 0, device_id: int | None = None, dtype: str = "float32",
-                        hw_decoder_load: float = 1.0, prefetch_queue_depth: int | None = None,
+                        workers: int = 4, seed: int = 0, dist: DistInfo | None = None, device_id: int | None = None,
+                        dtype: str = "float32", hw_decoder_load: float = 1.0, prefetch_queue_depth: int = 2,
                         deterministic: bool = False):
     """A ``DALIServer`` (``nvidia.dali.plugin.pytorch.experimental.proxy``) over
     :func:`create_proxy_pipeline`. Use it as a context manager (its thread runs inside the block)
     and give it to :func:`create_proxy_loader` with your ``Dataset``.
 
     Args:
-        train, backend, batch_size, crop_size, workers, seed, device_id, dtype, hw_decoder_load:
+        train, backend, batch_size, crop_size, workers, seed, dist, device_id, dtype, hw_decoder_load:
             as :func:`create_proxy_pipeline`.
         prefetch_queue_depth: batches DALI holds in flight (default 2; DALI's own example uses
             twice the ``DataLoader``'s workers).
@@ -105,11 +109,9 @@ def create_proxy_server(*, train: bool, backend: str = "dali-gpu", batch_size: i
     if backend not in PROXY_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(PROXY_BACKENDS)}; got {backend!r}")
     require_cuda(backend)
-    if backend == "dali-gpu" and device_id is None:
-        device_id = 0
     pipe = create_proxy_pipeline(train=train, backend=backend, batch_size=batch_size, crop_size=crop_size,
-                                 workers=workers, seed=seed, device_id=device_id, dtype=dtype,
-                                 hw_decoder_load=hw_decoder_load, prefetch_queue_depth=prefetch_queue_depth or 2)
+                                 workers=workers, seed=seed, dist=dist, device_id=device_id, dtype=dtype,
+                                 hw_decoder_load=hw_decoder_load, prefetch_queue_depth=prefetch_queue_depth)
     return dali_proxy.DALIServer(pipe, deterministic=deterministic)
 
 
