@@ -8,8 +8,10 @@ The RN50 train transform (decode, random-resized crop, flip, normalize) on the `
 
 - ``tensorflow loader``: iterating ``crossdali.tensorflow``'s ``DALILoader`` (the epoch bookkeeping
   slices the batches where they are: on the GPU for dali-gpu);
-- ``tensorflow loader.dataset``: the tf.data view that ``model.fit`` gets (bookkeeping as host
-  tf.data ops), each batch then placed on the GPU as a model step would;
+- ``tensorflow loader.dataset``: what ``model.fit`` gets (for train on a GPU the DALIDataset itself,
+  every batch full, the reader running on across epochs), each batch then placed on the GPU as a
+  model step would;
+- ``tensorflow loader.epoch_dataset``: the exact epochs as host tf.data ops (padding cut), the same way;
 - ``tensorflow raw DALIDataset``: the pipeline's ``DALIDataset`` with no bookkeeping at all (the
   ceiling of the TF path; its epochs include the reader's padding rows);
 - ``pytorch loader``: ``crossdali.pytorch``'s ``DALILoader`` (DALI's PyTorch iterator).
@@ -115,8 +117,8 @@ def _tf_loader_epoch(loader):
     return epoch
 
 
-def _tf_dataset_epoch(loader, place: str):
-    it = iter(loader.dataset)  # one iterator across epochs, as Keras keeps it (steps_per_epoch)
+def _tf_dataset_epoch(loader, place: str, *, exact: bool = False):
+    it = iter(loader.epoch_dataset if exact else loader.dataset)  # one iterator across epochs, as Keras keeps it
     steps = loader.steps_per_epoch
 
     def epoch():
@@ -204,6 +206,8 @@ def main(args: argparse.Namespace) -> dict:
     for rnd in range(args.rounds):
         rows = [("tensorflow loader", lambda: _tf_loader_epoch(tf_loader(source, **common))),
                 ("tensorflow loader.dataset", lambda: _tf_dataset_epoch(tf_loader(source, **common), place)),
+                ("tensorflow loader.epoch_dataset", lambda: _tf_dataset_epoch(tf_loader(source, **common), place,
+                                                                              exact=True)),
                 ("tensorflow raw DALIDataset", lambda: _tf_raw_epoch(
                     source, args=args, backend=backend, transform=transform,
                     steps=tf_loader(source, **common).epochs.batches_per_reader_epoch)),

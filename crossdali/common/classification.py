@@ -87,7 +87,7 @@ def _reader(source: DataSource, *, train: bool, opts: PipelineOptions):
     from nvidia.dali import fn, types  # defer: keeps `import crossdali.common` light
 
     sharding = dict(shard_id=opts.shard_id, num_shards=opts.num_shards, name=READER_NAME,
-                    pad_last_batch=True, seed=opts.seed)
+                    pad_last_batch=opts.pad_last_batch, seed=opts.seed)
     # shuffle_after_epoch: a global reshuffle every epoch with the same seed on every shard, so
     # shards stay disjoint (random_shuffle only shuffles inside a shard's buffer). Its own seed
     # argument: without it DALI uses a fixed seed and every run has the same order.

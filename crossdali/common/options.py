@@ -39,6 +39,9 @@ class PipelineOptions:
     orders from the second): with it on everywhere, every framework sees the same epochs.
     ``global_order``: train in one order of the whole dataset per epoch, whatever the number of shards,
     from where it says (``crossdali.common.loading.global_order``); ``None`` is DALI's sharded order.
+    ``pad_last_batch=False``: the classification reader runs on across epoch boundaries (every batch
+    full, as tf.data's ``repeat().batch()``) instead of padding a shard's last batch; for views that
+    cannot drop padding rows where the batches are (TensorFlow's ``loader.dataset`` on a GPU).
     """
 
     batch_size: int = 256
@@ -54,6 +57,7 @@ class PipelineOptions:
     checkpointing: bool = True
     checkpoint: bytes | None = None
     global_order: GlobalOrder | None = None
+    pad_last_batch: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):

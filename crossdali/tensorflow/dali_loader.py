@@ -8,7 +8,8 @@ twin of the pipeline and tabulates which rows of which batch of each reader epoc
 samples (``EpochPlan``: the reader pads every shard to the same number of batches and, without
 ``stick_to_shard``, moves to the next shard each epoch). Loader iteration applies that table in
 Python to the tensors one long-lived iterator hands out, so GPU batches are sliced where they are
-and never copied; ``loader.dataset`` applies the same table with tf.data ops, for ``model.fit``.
+and never copied; ``loader.epoch_dataset`` applies the same table with tf.data ops, and
+``loader.dataset`` (for ``model.fit``) is, for train on a GPU, the stream itself without padding.
 """
 
 from __future__ import annotations
@@ -216,9 +217,10 @@ class DALILoader:
     ``dali-gpu`` batches stay on the GPU (the iterator is made under the GPU's device scope and
     the bookkeeping slices the eager GPU tensors). The next ``for`` continues the same stream.
 
-    ``dataset`` is the same stream as a ``tf.data.Dataset`` for ``model.fit``: endless for train
-    (give Keras ``steps_per_epoch``), one epoch for val. Its bookkeeping runs as host tf.data
-    ops, so on the GPU every batch goes through host memory.
+    ``dataset`` is what ``model.fit`` takes: endless for train (give Keras ``steps_per_epoch``), one
+    epoch for val. For train on a GPU it is ``stream_dataset`` where the pipeline allows (batches stay
+    on the GPU); otherwise ``epoch_dataset``, the loader's exact epochs as host tf.data ops (any tf.data
+    op after ``DALIDataset`` hands the batches over on the CPU: docs/tensorflow.md#loaderdataset).
 
     ``state_dict`` is epoch-level: DALIDataset cannot restore DALI's checkpoints (see
     ``NO_DALI_CHECKPOINTS``), so a restored loader continues the epoch count and starts that
@@ -232,7 +234,8 @@ class DALILoader:
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
                  names: tuple[str, ...], output_shapes, output_dtypes, reader_name: str,
                  explain: Callable[[Exception], Exception], flatten: tuple[str, ...] = ("labels",),
-                 twin_on_cpu: bool = True, host_outputs: bool = False, unfold: int = 1) -> None:
+                 twin_on_cpu: bool = True, host_outputs: bool = False, unfold: int = 1,
+                 continuous: bool = False) -> None:
         if options.checkpoint is not None:
             raise ValueError(NO_DALI_CHECKPOINTS)
         self.plan, self.source, self.policy, self.backend = plan, plan.source, plan.policy, plan.backend
@@ -247,6 +250,10 @@ class DALILoader:
         self._epoch0, self._pos, self._it, self._closed = 0, 0, None, False
         self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
         self._raw = self._raw_dataset(build, options, shapes, dtypes, host_outputs=host_outputs)
+        # what stream_dataset needs: a second pipeline, built only if that view is used
+        self._stream_args = (build, options, shapes, dtypes, host_outputs)
+        self._continuous = continuous and unfold == 1 and options.global_order is None and all(
+            s[1:].num_elements() == 1 for n, s in zip(names, shapes) if n in flatten)
 
     def _raw_dataset(self, build, options: PipelineOptions, shapes, dtypes, *, host_outputs: bool) -> tf.data.Dataset:
         """The endless DALIDataset the epoch plan is applied to."""
@@ -332,9 +339,36 @@ class DALILoader:
 
     @functools.cached_property
     def dataset(self) -> tf.data.Dataset:
+        """What ``model.fit`` takes: ``stream_dataset`` for train on a GPU where the pipeline allows it,
+        else ``epoch_dataset``."""
+        if self.plan.train and self._continuous and self._stream_args[1].device == "gpu":
+            return self.stream_dataset
+        return self.epoch_dataset
+
+    @functools.cached_property
+    def epoch_dataset(self) -> tf.data.Dataset:
+        """The loader's epochs exactly (padding rows cut, short last batches), as host tf.data ops:
+        endless for train, one epoch for val. On a GPU every batch goes through host memory."""
         stream = _planned(self._raw, self.epochs, names=self.names, flatten=self.flatten, unfold=self.unfold)
         # val: one epoch, re-iterable (a fresh pipeline each time starts at epoch 0: the same samples)
         return stream if self.plan.train else stream.take(self.epochs.steps(0))
+
+    @functools.cached_property
+    def stream_dataset(self) -> tf.data.Dataset:
+        """Train batches straight from ``DALIDataset``, on the pipeline's device, with no tf.data op
+        after it: every batch full, the reader running on across epoch boundaries (tf.data's
+        ``repeat().batch()``: every sample once per pass of the reader, a pass's last batch completed
+        by the next pass's first samples; nothing padded, nothing left out). ``steps_per_epoch`` batches
+        are then about one pass. Only for train pipelines that can run without padding (classification)."""
+        if not (self.plan.train and self._continuous):
+            raise ValueError("stream_dataset is for train loaders over the classification pipeline "
+                             "(val, detection and video keep their padding: use epoch_dataset)")
+        build, options, shapes, dtypes, host_outputs = self._stream_args
+        options = replace(options, pad_last_batch=False)
+        # DALIDataset squeezes a declared (N,) from the pipeline's (N, 1): no reshape op needed
+        shapes = tuple(tf.TensorShape(s[:1]) if n in self.flatten else s for n, s in zip(self.names, shapes))
+        return dali_dataset(build(options), batch_size=options.batch_size, output_shapes=shapes, output_dtypes=dtypes,
+                            device_id=options.pipeline_device_id, check_outputs=False, host_outputs=host_outputs)
 
     def state_dict(self) -> dict:
         per_epoch = self.epochs.batches_per_reader_epoch

@@ -289,7 +289,7 @@ def create_classification_loader(
                       names=("images", "labels"), reader_name=READER_NAME,
                       output_shapes=((batch_size, *_image_shape(transform)), (batch_size, 1)),
                       output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
-                      explain=lambda e: explain_decode_failure(source, e))
+                      explain=lambda e: explain_decode_failure(source, e), continuous=True)
 
 
 def create_classification_dataset(data: str | Path | DataSource, *, train: bool, **kwargs) -> tf.data.Dataset:

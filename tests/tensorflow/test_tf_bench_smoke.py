@@ -28,7 +28,8 @@ def test_tf_vs_torch_smoke(tmp_path, data_root):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "tf_vs_torch.json").read_text())
     rows = {r["name"]: r for r in report["rows"]}
-    assert set(rows) == {"tensorflow loader", "tensorflow loader.dataset", "tensorflow raw DALIDataset", "pytorch loader"}
+    assert set(rows) == {"tensorflow loader", "tensorflow loader.dataset", "tensorflow loader.epoch_dataset",
+                         "tensorflow raw DALIDataset", "pytorch loader"}
     for name, row in rows.items():
         if name == "pytorch loader" and importlib.util.find_spec("torch") is None:
             assert "not installed" in row["skipped"]

@@ -61,9 +61,26 @@ def test_dali_gpu_train_epochs_stay_on_the_gpu(tiny_classification):
     assert loader.epoch == 2
 
 
+def test_train_dataset_stays_on_the_gpu(indexed_val_source):
+    """``loader.dataset`` for train on a GPU is the DALIDataset itself: batches on the GPU, full,
+    every sample once per pass of the reader."""
+    loader = create_classification_loader(indexed_val_source, train=True, backend="dali-gpu", batch_size=8,
+                                          crop_size=32, workers=2, device_id=0)
+    assert loader.dataset is loader.stream_dataset
+    with tf.device("/GPU:0"):
+        it = iter(loader.dataset)
+    seen = []
+    for _ in range(7):
+        images, labels = next(it)
+        assert "GPU" in images.device, images.device
+        assert tuple(images.shape) == (8, 32, 32, 3) and tuple(labels.shape) == (8,)
+        seen += labels.numpy().tolist()
+    assert sorted(seen[:55]) == list(range(55))
+
+
 def test_loader_iteration_and_dataset_agree_on_the_gpu(indexed_val_source):
-    """The same bits from the GPU-side bookkeeping (loader iteration) and tf.data's (``.dataset``),
-    over two shards (the val reader pads and rotates shards)."""
+    """The same bits from the GPU-side bookkeeping (loader iteration) and tf.data's (``.dataset``,
+    val: the exact epoch view), over two shards (the val reader pads and rotates shards)."""
     from crossdali.common.distributed import DistInfo
 
     loader = create_classification_loader(indexed_val_source, train=False, backend="dali-gpu", batch_size=8,

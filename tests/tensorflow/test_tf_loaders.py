@@ -136,6 +136,28 @@ def test_train_dataset_is_endless_and_keras_fits_it(tiny_classification):
     assert all(np.isfinite(history.history["loss"]))
 
 
+def test_stream_dataset_is_full_batches_every_sample_once_per_pass(indexed_val_source):
+    """The view ``model.fit`` gets for train on a GPU (here on the CPU, the same pipeline): no tf.data op
+    after DALIDataset, every batch full, labels (N,), and the reader running on across passes without
+    padding: 55 samples in batches of 8 -> each run of 55 consecutive samples is every sample once."""
+    loader = create_classification_loader(indexed_val_source, train=True, batch_size=8, crop_size=16, workers=1)
+    assert loader.dataset is loader.epoch_dataset  # on the CPU model.fit keeps the exact epochs
+    it = iter(loader.stream_dataset)
+    seen = []
+    for _ in range(14):  # 112 samples: two passes and a bit
+        images, labels = next(it)
+        assert tuple(images.shape) == (8, 16, 16, 3) and tuple(labels.shape) == (8,)
+        seen += labels.numpy().tolist()
+    assert sorted(seen[:55]) == sorted(seen[55:110]) == list(range(55))
+    assert seen[:55] != seen[55:110]  # reshuffled every pass
+
+
+def test_stream_dataset_refuses_val(indexed_val_source):
+    loader = create_classification_loader(indexed_val_source, train=False, batch_size=8, crop_size=16, workers=1)
+    with pytest.raises(ValueError, match="epoch_dataset"):
+        _ = loader.stream_dataset
+
+
 def test_native_val_matches_dali_within_tolerance(tiny_classification):
     """Same decode (libjpeg's accurate IDCT: bit-exact with DALI's CPU decoder), same geometry
     (longer side truncated, crop anchor rounded half to even), antialiased bilinear resize with
