@@ -83,7 +83,9 @@ def create_proxy_pipeline(*, train: bool, backend: str = "dali-gpu", batch_size:
 
     @pipeline_def(**options.pipeline_kwargs())
     def proxy_pipeline():
-        jpegs = fn.external_source(name=IMAGES_INPUT, dtype=types.UINT8, ndim=1, no_copy=True)
+        # copied on feed_input (no_copy=False): the server's thread drops its reference to a batch's
+        # bytes while DALI may still be reading them, and the bytes are small beside the images
+        jpegs = fn.external_source(name=IMAGES_INPUT, dtype=types.UINT8, ndim=1, no_copy=False)
         return augment_classification(jpegs, train=train, options=options, transform=transform)
 
     return proxy_pipeline()
