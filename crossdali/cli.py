@@ -36,7 +36,8 @@ TRAIN_SCRIPTS: dict[tuple[str, str], str] = {
 #: framework -> the module that must be importable for it (looked up, never imported, by ``info``/``train``).
 FRAMEWORKS = {"pytorch": "torch", "tensorflow": "tensorflow", "jax": "jax", "mxnet": "mxnet"}
 BENCHMARKS = ("classification_loaders", "detection_loaders", "video_decode", "multi_gpu", "check_speed", "tf_vs_torch",
-              "external_source", "inference", "training_speed", "loader_formats", "soak")
+              "external_source", "inference", "training_speed", "loader_formats", "soak", "proxy_loader",
+              "predict_latency", "object_store")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
