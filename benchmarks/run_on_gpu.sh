@@ -15,6 +15,7 @@
 #   training_speed_tensorflow  --framework tensorflow --modes default --backends synthetic,dali-gpu (XLA rows take
 #                              minutes each; needs TensorFlow staged)
 #   detection_loaders, video_decode, inference, external_source, loader_formats, proxy_loader
+#   predict_latency            Predictor's eager and pipeline engines against PIL + torchvision, and the crossover
 #   check_speed                --size bench --device gpu --copies 8 (the data checker on 65,560 files)
 #   multi_gpu                  --gpus 1,2 --launchers torchrun (needs 2 GPUs)
 #   tf_vs_torch                (needs TensorFlow staged)
@@ -35,8 +36,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 (( $# )) || { sed -n '2,24p' "$0"; exit 2; }
 phases=(tests parity optical_flow classification_loaders training_speed training_speed_jax training_speed_tensorflow
-        detection_loaders video_decode inference external_source loader_formats proxy_loader check_speed multi_gpu
-        tf_vs_torch soak)
+        detection_loaders video_decode inference predict_latency external_source loader_formats proxy_loader check_speed
+        multi_gpu tf_vs_torch soak)
 for phase in "$@"; do
   [[ " ${phases[*]} all " == *" $phase "* ]] || { echo "unknown phase '$phase': one of ${phases[*]} all" >&2; exit 2; }
 done
@@ -99,6 +100,7 @@ run_phase() {
     detection_loaders) bench detection_loaders detection_loaders 420 ;;
     video_decode) bench video_decode video_decode 590 --work "$CROSSDALI_DATA/video-bench" ;;
     inference) sample_sets; bench inference inference 420 ;;
+    predict_latency) sample_sets; bench predict_latency predict_latency 420 ;;
     external_source) sample_sets; bench external_source external_source 420 ;;
     loader_formats) sample_sets; bench loader_formats loader_formats 580 ;;
     proxy_loader) sample_sets; bench proxy_loader proxy_loader 420 ;;

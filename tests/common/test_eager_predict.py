@@ -155,3 +155,28 @@ def test_eager_on_the_gpu_gives_the_gpu_pipelines_bits(model, encoded):
         assert a.device == b.device == torch.device("cuda", torch.cuda.current_device())
         assert torch.equal(a, b), (start, size, (a - b).abs().max().item())
     assert [p.top[0][0] for p in eager.predict(images[:4])] == [p.top[0][0] for p in pipeline.predict(images[:4])]
+
+
+@pytest.mark.slow
+def test_predict_latency_benchmark_smoke(tmp_path, data_root, repo_root):
+    """``benchmarks/predict_latency.py --smoke``: every row per image and per batch, the crossover, both cold
+    starts, the JSON and the plot."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.predict_latency", "--smoke", "--out", str(tmp_path)],
+                          env=env, cwd=repo_root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "predict_latency_cpu.json").read_text())
+    assert [r["kind"] for r in report["results"]] == ["eager", "pipeline", "pil"] and report["gpu"] is None
+    for row in report["results"]:
+        assert "error" not in row, row
+        assert 0 < row["per_image"]["median_ms"] <= row["per_image"]["p90_ms"] and row["per_batch"]["img_s"] > 0, row
+    assert [p["images"] for p in report["crossover"]] == [1, 8] and report["eager_max_images"] in (0, 1, 8)
+    assert set(report["cold_start"]) == {"eager", "pipeline"}
+    assert all(v["first_ms"] > 0 and v["second_ms"] > 0 for v in report["cold_start"].values()), report["cold_start"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "predict_latency_cpu.png").stat().st_size > 10_000
