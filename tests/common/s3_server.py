@@ -88,3 +88,14 @@ def aws_environment(endpoint: str) -> Iterator[dict[str, str]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def tiny_set_in_store(tiny_classification: Path) -> Iterator[tuple[str, str, Path]]:
+    """(endpoint, ``s3://`` URL, local folder) of the tiny classification set in moto's server, with
+    the AWS variables set for the block: the val split of every layout and the TFRecord train split
+    (a few objects: CI's time)."""
+    with moto_server() as endpoint, aws_environment(endpoint):
+        url = upload_folder(endpoint, tiny_classification, "crossdali-tests", "tiny/classification",
+                            only=lambda rel: "val" in rel or rel.startswith("tfrecord/train"))
+        yield endpoint, url, tiny_classification

@@ -21,7 +21,7 @@ from crossdali.common.data.object_store import ObjectLocation, data_location, is
 from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.errors import DataError  # noqa: E402
 from crossdali.common.options import PipelineOptions  # noqa: E402
-from tests.common.s3_server import SECRET_KEY, aws_env, aws_environment, moto_server, upload_folder  # noqa: E402
+from tests.common.s3_server import SECRET_KEY, aws_env, tiny_set_in_store, upload_folder  # noqa: E402
 
 #: (format, local folder under the sample set, the same under the bucket's prefix)
 LAYOUTS = [("imagefolder", "imagefolder"), ("filelist", "imagefolder"), ("tfrecord", "tfrecord"),
@@ -30,12 +30,9 @@ LAYOUTS = [("imagefolder", "imagefolder"), ("filelist", "imagefolder"), ("tfreco
 
 @pytest.fixture(scope="module")
 def s3_dataset(tiny_classification):
-    """(endpoint, ``s3://`` URL of the tiny classification set, its local folder), with the AWS
-    variables set for the module."""
-    with moto_server() as endpoint, aws_environment(endpoint):
-        url = upload_folder(endpoint, tiny_classification, "crossdali-tests", "tiny/classification",
-                            only=lambda rel: "val" in rel)  # the val split of every layout: CI's time
-        yield endpoint, url, tiny_classification
+    """(endpoint, ``s3://`` URL, local folder) of the tiny set in moto's server; AWS variables set."""
+    with tiny_set_in_store(tiny_classification) as found:
+        yield found
 
 
 def _val_batches(source, n: int = 2) -> list[tuple[np.ndarray, np.ndarray]]:
