@@ -72,6 +72,9 @@ class DetectionTransform:
     match_iou: float = 0.5
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    #: train: colour jitter + normalisation as one operator of crossdali's DALI plugin (built with
+    #: ``python -m crossdali.common.plugins build``; docs/custom-operators.md), the same pixels in one pass
+    fused_colour: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -165,12 +168,21 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
         flip = fn.random.coin_flip(probability=t.flip_probability)
         boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
         crop_boxes, crop_labels = boxes, labels
-        images = fn.hsv(images, hue=fn.random.uniform(range=[-t.hue_degrees, t.hue_degrees]),
-                        saturation=fn.random.uniform(range=list(t.saturation)))
-        images = fn.brightness_contrast(images, brightness=fn.random.uniform(range=list(t.brightness)),
-                                        contrast=fn.random.uniform(range=list(t.contrast)))
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=list(t.mean),
-                                          std=list(t.std), mirror=flip)
+        if t.fused_colour:  # the three operators below in one (crossdali.common.plugins)
+            from crossdali.common.plugins import color_jitter_normalize
+
+            images = color_jitter_normalize(
+                images, hue=fn.random.uniform(range=[-t.hue_degrees, t.hue_degrees]),
+                saturation=fn.random.uniform(range=list(t.saturation)),
+                brightness=fn.random.uniform(range=list(t.brightness)),
+                contrast=fn.random.uniform(range=list(t.contrast)), mirror=flip, mean=t.mean, std=t.std)
+        else:
+            images = fn.hsv(images, hue=fn.random.uniform(range=[-t.hue_degrees, t.hue_degrees]),
+                            saturation=fn.random.uniform(range=list(t.saturation)))
+            images = fn.brightness_contrast(images, brightness=fn.random.uniform(range=list(t.brightness)),
+                                            contrast=fn.random.uniform(range=list(t.contrast)))
+            images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=list(t.mean),
+                                              std=list(t.std), mirror=flip)
         if gpu:
             boxes, labels = boxes.gpu(), labels.gpu()
         boxes, labels = fn.box_encoder(boxes, labels, criteria=t.match_iou, anchors=anchors, offset=True,
