@@ -39,7 +39,7 @@ ENGINES = {
     "pytorch": ("auto", "ddp", "horovod", "none"),
     "tensorflow": ("auto", "horovod", "tf-distribute", "none"),
     "mxnet": ("auto", "horovod", "kvstore", "none"),
-    "jax": ("auto", "none"),  # one process: jax.distributed is not wired
+    "jax": ("auto", "none"),  # one engine: jit over a mesh of every device, jax.distributed under a launcher
 }
 
 

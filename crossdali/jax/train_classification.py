@@ -3,9 +3,12 @@
     python -m crossdali.jax.train_classification                         # sample data, auto backend
     python -m crossdali.jax.train_classification --data /imagenet --data-backend dali-gpu -b 256
 
-Same flags as ``crossdali.pytorch.train_classification`` where they apply. One process, one
-device: the jitted step runs on JAX's default device (the GPU when jaxlib has CUDA). Multi-host
-``jax.distributed`` is not wired here (docs/jax.md). The checkpoint (``--output-dir``, one
+Same flags as ``crossdali.pytorch.train_classification`` where they apply. Data-parallel over
+every device JAX sees (``crossdali.jax.parallel``): one DALI pipeline per device, each batch one
+array split over the devices, the weights replicated, the step jitted over the mesh (the gradient is
+the mean over all devices' samples); ``-b`` is the batch per device, as per GPU in the other scripts.
+Under a launcher (torchrun, Slurm, mpirun, ...) every process joins ``jax.distributed`` and reads
+its own shard (docs/jax.md#several-devices-and-processes). The checkpoint (``--output-dir``, one
 msgpack file) holds the weights, the optimizer state and the train loader's DALI checkpoint, so
 ``--resume`` continues the very data stream the run would have seen. ``checkpoint_best.msgpack``
 is a copy of it from the epoch of the best val top-1, with ``checkpoint_best.json`` beside it
@@ -36,11 +39,12 @@ from flax.training import train_state
 from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.data.sources import resolve_source
 from crossdali.common.distributed import detect_distributed
+from crossdali.common.errors import UsageError
 from crossdali.common.files import write_atomically
 from crossdali.common.loading.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
 from crossdali.common.loading.cuda_queues import share_gpu_with_dali
 from crossdali.common.scripts import script_parsers
-from crossdali.common.scripts.defaults import resolve_defaults
+from crossdali.common.scripts.defaults import local_process_count, resolve_defaults
 from crossdali.common.scripts.metrics import format_test_line, val_stats
 from crossdali.common.scripts.runs import (
     BestCheckpoint,
@@ -60,8 +64,9 @@ from crossdali.common.scripts.train_args import (
     resolve_backend,
     resolve_num_classes,
 )
-from crossdali.jax.loaders import create_classification_loader
+from crossdali.jax.loaders import PADDING_LABEL, create_classification_loader
 from crossdali.jax.models import create_model
+from crossdali.jax.parallel import batch_sharding, initialize_distributed, replicate, replicated
 
 log = logging.getLogger("crossdali.train")
 
@@ -78,9 +83,20 @@ class TrainState(train_state.TrainState):
     batch_stats: Any
 
 
-def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: bool = False):
-    """The jitted train step (state donated: updated in place) and eval step (sums over the batch;
-    multi-label: the summed loss and the sigmoid scores, for mAP over the whole val set)."""
+def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: bool = False, sharding=None):
+    """The jitted train step (state donated: updated in place) and eval step (sums over the batch and
+    the count of its samples; multi-label: the summed loss and the sigmoid scores, for mAP over the
+    whole val set). With ``sharding`` (the batch split over a mesh, ``crossdali.jax.parallel``) both
+    take the state replicated over that mesh and the batch split along it; the results come back
+    replicated. A val batch's rows labelled ``PADDING_LABEL`` (a sharded loader's padding) count for
+    nothing."""
+    if sharding is None:
+        jit_train, jit_eval = partial(jax.jit, donate_argnums=0), jax.jit
+    else:
+        whole = replicated(sharding)
+        jit_train = partial(jax.jit, donate_argnums=0, in_shardings=(whole, sharding, sharding),
+                            out_shardings=(whole, whole))
+        jit_eval = partial(jax.jit, in_shardings=(whole, sharding, sharding), out_shardings=whole)
 
     def loss_fn(params, batch_stats, images, labels):
         logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, images, train=True,
@@ -90,20 +106,21 @@ def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: 
         targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
         return optax.softmax_cross_entropy(logits, targets).mean(), updates["batch_stats"]
 
-    @partial(jax.jit, donate_argnums=0)
+    @jit_train
     def train_step(state: TrainState, images, labels):
         (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.batch_stats,
                                                                              images, labels)
         return state.apply_gradients(grads=grads, batch_stats=batch_stats), loss
 
-    @jax.jit
+    @jit_eval
     def eval_step(state: TrainState, images, labels):
         logits = model.apply({"params": state.params, "batch_stats": state.batch_stats}, images, train=False)
         if multi_label:
             return optax.sigmoid_binary_cross_entropy(logits, labels).mean(axis=1).sum(), jax.nn.sigmoid(logits)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
+        real = labels != PADDING_LABEL
+        loss = jnp.where(real, optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0)), 0).sum()
         top = jax.lax.top_k(logits, min(5, num_classes))[1]
-        return loss, (top[:, 0] == labels).sum(), (top == labels[:, None]).any(axis=1).sum()
+        return loss, (top[:, 0] == labels).sum(), (top == labels[:, None]).any(axis=1).sum(), real.sum()
 
     return train_step, eval_step
 
@@ -118,7 +135,7 @@ def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
     one dispatch to the next (the last step's until its result is ready)."""
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     first = int(state.step)  # the previous epoch is finished here: nothing is waited for
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
         lrs = np.asarray(jax.vmap(schedule)(jnp.arange(first, first + max(1, len(loader)))))
     pending: list | None = None  # [loss, samples, data wait, seconds, lr] of the step not read yet
 
@@ -139,8 +156,8 @@ def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
             break
         wait = time.perf_counter() - t0
         data_wait += wait
-        # a no-op for dali-gpu; dali-cpu batches live on JAX's CPU device and move to the step's device
-        images, labels = jax.device_put((images, labels), device)
+        if device is not None:  # a no-op for dali-gpu; dali-cpu batches live on JAX's CPU device
+            images, labels = jax.device_put((images, labels), device)
         state, loss = train_step(state, images, labels)
         now = time.perf_counter()
         if pending is not None:
@@ -159,14 +176,18 @@ def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
 
 
 def evaluate(eval_step, state: TrainState, loader, *, device, num_classes: int) -> dict[str, float]:
-    """Loss and top-1/top-5 over the whole val set: every sample once (the last batch is smaller,
-    which costs one more compilation of ``eval_step``; top-5 only with more than 5 classes)."""
-    loss_sum, c1, c5, seen = jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), 0
+    """Loss and top-1/top-5 over the whole val set: every sample once (on one device the last batch
+    is smaller, which costs one more compilation of ``eval_step``; over several, padding rows count for
+    nothing; top-5 only with more than 5 classes)."""
+    totals = None  # loss, top-1, top-5, samples: summed on the device, read once at the end
     start = time.perf_counter()
     for images, labels in loader:
-        loss, top1, top5 = eval_step(state, *jax.device_put((images, labels), device))
-        loss_sum, c1, c5, seen = loss_sum + loss, c1 + top1, c5 + top5, seen + int(images.shape[0])
-    return val_stats(loss_sum=float(loss_sum), correct1=int(c1), correct5=int(c5), seen=seen,
+        if device is not None:
+            images, labels = jax.device_put((images, labels), device)
+        sums = eval_step(state, images, labels)
+        totals = sums if totals is None else [t + v for t, v in zip(totals, sums, strict=True)]
+    loss, top1, top5, seen = (0.0, 0, 0, 0) if totals is None else totals
+    return val_stats(loss_sum=float(loss), correct1=int(top1), correct5=int(top5), seen=int(seen),
                      num_classes=num_classes) | {"eval_seconds": time.perf_counter() - start}
 
 
@@ -203,15 +224,15 @@ def load_multilabel_data(args, backend: str):
     return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
 
 
-def load_data(args, backend: str):
+def load_data(args, backend: str, sharding=None):
     """Train and val loaders over the same dataset (the train loader with DALI checkpointing), and
-    the class names."""
+    the class names. ``sharding``: the batch split over several devices (``crossdali.jax.parallel``)."""
     auto_augment = resolve_auto_augment(args, backend=backend)  # refused here where nothing would run it
     if args.multi_label:
         return load_multilabel_data(args, backend)
     data = args.data if args.data is not None else ensure_classification(size=args.sample_size) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
-                  seed=args.seed, hw_decoder_load=args.hw_decoder_load, layout="HWC")
+                  seed=args.seed, hw_decoder_load=args.hw_decoder_load, layout="HWC", sharding=sharding)
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_source(data, "train", **check)
     val_src = resolve_source(data, "val", **check)
@@ -237,22 +258,34 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     if not args.debug:  # JAX's own INFO lines (e.g. "Unable to initialize backend 'tpu'") before crossdali's first
         logging.getLogger("jax").setLevel(logging.WARNING)
     dist = detect_distributed()
-    if dist.is_distributed:
-        raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes, but the JAX example trains in one "
-                           "process (jax.distributed is not wired here); run it without a launcher")
     queues = share_gpu_with_dali()  # before JAX starts CUDA: hardware queues for DALI's streams beside XLA's
+    initialize_distributed(dist)  # several processes: each joins jax.distributed before JAX picks devices
+    main_process = jax.process_index() == 0
+    if not main_process:
+        logging.getLogger().setLevel(logging.WARNING)
     backend = resolve_backend(args.data_backend, gpu=str(jax.devices()[0]) if jax.default_backend() == "gpu" else None,
                               cpu_note=f"JAX's default backend is {jax.default_backend()}: DALI runs all operators on the CPU",
                               no_gpu=f"a CUDA GPU visible to JAX (CPU-only jaxlib? pip install 'jax[cuda13]=={jax.__version__}')")
-    device = jax.devices()[0]
-    log.info("JAX %s on %s", jax.__version__, device)
-    defaults = resolve_defaults(args, cuda=jax.default_backend() == "gpu", layout="NHWC")
+    devices = jax.device_count()
+    # several devices: the batch split over them, the state replicated (no single device to put things on)
+    sharding = batch_sharding() if devices > 1 else None
+    device = jax.devices()[0] if sharding is None else None
+    if sharding is not None and args.multi_label:
+        raise UsageError(f"--multi-label trains on one device, and JAX sees {devices} ({jax.process_count()} "
+                         "process(es)): make one visible (CUDA_VISIBLE_DEVICES=0, one process)")
+    log.info("JAX %s on %s", jax.__version__, device or f"{devices} devices of {jax.process_count()} process(es): "
+             f"{', '.join(str(d) for d in jax.devices()[:8])}{' ...' if devices > 8 else ''}")
+    defaults = resolve_defaults(args, cuda=jax.default_backend() == "gpu", layout="NHWC", world_size=devices,
+                                local_processes=local_process_count(dist.world_size))  # -j: this node's share
+    if sharding is not None:
+        log.info("data-parallel over %d devices: batch %d per device, %d a step", devices, args.batch_size,
+                 args.batch_size * devices)
     if backend == "dali-gpu":
         log.info("%s=%s (CUDA hardware queues: DALI's streams beside XLA's)", CUDA_QUEUES_VARIABLE, queues)
     log_accepted_flags(args, channels_last="the flax models here are NHWC already",
                        checkpoint_every=f"the JAX script saves {CHECKPOINT} at epoch ends only; a run killed "
                                         "mid-epoch redoes that epoch")
-    train_loader, val_loader, num_classes, class_names = load_data(args, backend)
+    train_loader, val_loader, num_classes, class_names = load_data(args, backend, sharding)
     args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
     model = create_model(args.arch, num_classes=num_classes, dtype=jnp.bfloat16 if args.amp else jnp.float32)
@@ -277,22 +310,23 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         if saved.get("loader") and hasattr(train_loader, "load_state_dict"):
             train_loader.load_state_dict(saved["loader"])
         log.info("resumed from %s at epoch %d", path, start_epoch + 1)
-    state = jax.device_put(state, device)
+    state = jax.device_put(state, device) if sharding is None else replicate(state, replicated(sharding))
 
     run_dir = choose_run_dir(args.output_dir, resume=args.resume, task="classification", framework="jax",
                              arch=args.arch)
     metric = "val_map" if args.multi_label else "val_top1"
-    best = BestCheckpoint(run_dir, metric=metric,
+    best = BestCheckpoint(run_dir, metric=metric, enabled=main_process,
                           meta={"framework": "jax", "arch": args.arch, "num_classes": num_classes,
                                 "class_names": class_names, "config": args})
     best.resume(start_epoch)
-    metrics = open_metrics(run_dir, continuing=args.resume is not None)
+    metrics = open_metrics(run_dir, continuing=args.resume is not None, enabled=main_process)
     log.info("outputs: %s", run_dir)
-    metrics.write(event="start", task="classification", framework="jax", arch=args.arch, backend=backend, world_size=1,
-                  batch_size=args.batch_size, lr=base_lr, epochs=args.epochs, device=str(device),
+    metrics.write(event="start", task="classification", framework="jax", arch=args.arch, backend=backend,
+                  world_size=jax.process_count(), devices=devices, batch_size=args.batch_size, lr=base_lr,
+                  epochs=args.epochs, device=str(device or jax.devices()[0]),
                   cuda_queues=queues if jax.default_backend() == "gpu" else None, **defaults.record())
     train_step, eval_step = make_steps(model, num_classes=num_classes, label_smoothing=args.label_smoothing,
-                                       multi_label=args.multi_label)
+                                       multi_label=args.multi_label, sharding=sharding)
 
     def validate() -> dict[str, float]:
         if args.multi_label:
@@ -307,7 +341,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
     stats: dict[str, float] = {}
     for epoch in range(start_epoch, args.epochs):
-        steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=steps_per_epoch, print_freq=args.print_freq)
+        steps = StepLog(metrics, epoch=epoch, epochs=args.epochs, total=steps_per_epoch, print_freq=args.print_freq,
+                        enabled=main_process)
         state, stats = train_one_epoch(train_step, state, train_loader, device=device, schedule=schedule, steps=steps)
         stats |= validate()
         if not math.isfinite(stats["train_loss"]):
@@ -315,15 +350,21 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         is_best = best.update(epoch + 1, stats)
         log.info(epoch_line(epoch, args.epochs, stats) + ("  (best)" if is_best else ""))
         metrics.write(event="epoch", epoch=epoch + 1, lr=float(schedule((epoch + 1) * steps_per_epoch - 1)), **stats)
+        # several processes: each reads its own shard, so process 0's DALI state is no other's; the run
+        # resumes at the epoch's start, in a fresh run's order
+        loader_state = train_loader.state_dict() if jax.process_count() == 1 else {"epoch": train_loader.epoch}
         saved = {"state": flax.serialization.to_state_dict(jax.device_get(state)), "epoch": epoch + 1,
-                 "loader": train_loader.state_dict()}
+                 "loader": loader_state}
+        if not main_process:
+            continue
         write_atomically(run_dir / CHECKPOINT, lambda f, s=saved: f.write(flax.serialization.msgpack_serialize(s)),
                          what="checkpoint")  # a failed write: WriteError (one line), the previous checkpoint kept
         write_json(run_dir / "checkpoint.json", checkpoint_meta(**best.meta, epoch=epoch + 1, stats=stats, metric=metric,
                                                                 files=[CHECKPOINT]))
         if is_best:
             best.save({".msgpack": run_dir / CHECKPOINT}, epoch=epoch + 1, stats=stats)
-    finish_run(run_dir, metrics=metrics, metric=metric)
+    if main_process:
+        finish_run(run_dir, metrics=metrics, metric=metric)
     metrics.close()
     return stats
 

@@ -119,7 +119,8 @@ def jax_classification(add_help: bool = True) -> argparse.ArgumentParser:
                                  workers_help="DALI threads")
     add_run_args(parser, engines=ENGINES["jax"], amp=True, amp_default=None, channels_last_default=None,
                  amp_help="compute in bfloat16 (weights and loss stay float32)",
-                 engine_help="one process only (jax.distributed is not wired): auto and none are the same",
+                 engine_help="data-parallel over every device JAX sees, jax.distributed under a launcher (docs/jax.md): "
+                             "auto and none are the same",
                  channels_last=True, channels_last_help="accepted for the PyTorch script's command lines: the flax "
                                                         "models here are NHWC already",
                  checkpoint_every=True, checkpoint_every_default=0,
@@ -127,6 +128,10 @@ def jax_classification(add_help: bool = True) -> argparse.ArgumentParser:
                                        f"{JAX_CHECKPOINT} at epoch ends only",
                  debug=True, run_dir=True, resume_help=f"{JAX_CHECKPOINT} (or its folder) to resume from")
     add_multi_label_arg(parser)
+    for action in parser._actions:  # one JAX process may drive several GPUs: -b is each one's share
+        if action.dest == "batch_size":
+            action.help = action.help.replace("samples per process per step", "samples per device per step (the step's "
+                                              "batch is this x every device of the job)")
     return parser
 
 
