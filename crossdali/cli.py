@@ -8,6 +8,7 @@
     crossdali predict CHECKPOINT IMAGE...           top classes of images (PyTorch checkpoint)
     crossdali models [--framework F]                the --arch names, and which frameworks have each
     crossdali bench NAME [...]                      a benchmark script of the source checkout
+    crossdali tune --data DIR [--budget 60]         the fastest loader settings for a dataset here (docs/tuning.md)
 
 Nothing heavy is imported before a command runs (``--help`` answers in well under a second); each
 command imports only what it needs.
@@ -37,7 +38,7 @@ TRAIN_SCRIPTS: dict[tuple[str, str], str] = {
 FRAMEWORKS = {"pytorch": "torch", "tensorflow": "tensorflow", "jax": "jax", "mxnet": "mxnet"}
 BENCHMARKS = ("classification_loaders", "detection_loaders", "video_decode", "multi_gpu", "check_speed", "tf_vs_torch",
               "external_source", "inference", "training_speed", "loader_formats", "soak", "proxy_loader",
-              "predict_latency", "object_store")
+              "predict_latency", "object_store", "tune")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -74,6 +75,12 @@ def get_args_parser() -> argparse.ArgumentParser:
                            description="Runs benchmarks/NAME.py of the source checkout with the flags that follow "
                                        "(`crossdali bench NAME --help` shows them).")
     bench.add_argument("name", choices=BENCHMARKS)
+
+    tune = sub.add_parser("tune", help="measure the fastest DALI threads, decoder share, pipelines and prefetch for a "
+                                       "dataset on this machine; training scripts then use them", formatter_class=_Formatter)
+    from crossdali.common.tune import add_tune_args  # light: imports nothing of DALI until it measures
+
+    add_tune_args(tune)
     return parser
 
 
@@ -217,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
                              "(a training script's --output-dir, by default runs/<task>-<framework>-<arch>-<time>)")
         print(plot_run(args.run_dir))
         return 0
+    if args.command == "tune":
+        from crossdali.common.errors import DataError, UsageError
+        from crossdali.common.tune import main as tune_main
+
+        try:
+            return tune_main(args)
+        except (DataError, UsageError) as e:
+            raise SystemExit(f"crossdali tune: error: {e}") from None
     parser.print_help()
     return 2
 

@@ -5,7 +5,9 @@ A flag whose default is "from the machine" parses to None (``--amp``, ``--channe
 ``resolve_defaults`` as soon as it knows whether a CUDA GPU trains, before any loader is built.
 Where a CUDA GPU trains the defaults are the fast configuration (mixed precision, channels-last
 memory, a batch that keeps the GPU busy, DALI threads for the CPUs this process may use); on the
-CPU they are the float32 settings the CPU runs and tests use. A flag given on the command line
+CPU they are the float32 settings the CPU runs and tests use. Where ``crossdali tune`` measured this
+dataset, backend, batch and crop size on this machine (``crossdali.common.tune``), its threads,
+hardware-decoder share and pipelines replace the defaults of those flags. A flag given on the command line
 always wins. The resolved values go back into ``args`` (so loaders and checkpoints see them), into
 one log line, and into the run's start record::
 
@@ -18,8 +20,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["GPU_BATCH_SIZE", "CPU_BATCH_SIZE", "CPU_WORKERS", "MAX_WORKERS", "LR_REFERENCE_BATCH", "AUTO_HELP",
            "ResolvedDefaults", "resolve_defaults", "default_workers", "local_process_count"]
@@ -87,24 +91,62 @@ class ResolvedDefaults:
     lr: float  #: the peak learning rate: --lr x global batch / reference batch
     lr_rule: str  #: how ``lr`` was found, e.g. "0.1 x 256/256"
     auto: tuple[str, ...]
+    tune_file: str | None = None  #: the ``crossdali tune`` file whose values the run uses, if any
+    tuned: tuple[str, ...] = ()  #: the settings taken from it (workers, hw_decoder_load, pipelines)
 
     def record(self) -> dict[str, object]:
         """Fields of the start record (``batch_size`` and ``lr`` are already there)."""
-        return {"amp": self.amp, "memory_format": self.memory_format, "workers": self.workers,
-                "lr_rule": self.lr_rule, "auto_defaults": list(self.auto), "cuda": self.cuda}
+        record = {"amp": self.amp, "memory_format": self.memory_format, "workers": self.workers,
+                  "lr_rule": self.lr_rule, "auto_defaults": list(self.auto), "cuda": self.cuda}
+        if self.tune_file is not None:
+            record |= {"tune_file": self.tune_file, "tuned": list(self.tuned)}
+        return record
 
     def line(self) -> str:
         """One line for the log: every setting, "(auto)" where the machine chose it."""
         def tag(name: str) -> str:
-            return " (auto)" if name in self.auto else ""
-        return (f"{'CUDA GPU' if self.cuda else 'CPU'}: amp {'on' if self.amp else 'off'}{tag('amp')}, "
+            return " (tuned)" if name in self.tuned else " (auto)" if name in self.auto else ""
+        line = (f"{'CUDA GPU' if self.cuda else 'CPU'}: amp {'on' if self.amp else 'off'}{tag('amp')}, "
                 f"memory format {self.memory_format}{tag('channels_last')}, batch {self.batch_size} per process"
                 f"{tag('batch_size')}, lr {self.lr:g} = {self.lr_rule}, -j {self.workers}{tag('workers')}")
+        if self.tune_file is not None:
+            line += f"; {', '.join(self.tuned) or 'nothing (every tuned flag was given)'} from crossdali tune: {self.tune_file}"
+        return line
+
+
+#: the flags ``crossdali tune`` sets where they are not on the command line: args attribute -> spelling
+_TUNED_FLAGS = {"hw_decoder_load": "--hw-decoder-load", "pipelines": "--pipelines"}
+
+
+def _on_command_line(flag: str, argv: Sequence[str]) -> bool:
+    """Whether ``flag`` (or an abbreviation argparse accepts, or ``flag=value``) is in ``argv``."""
+    for token in argv:
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and len(name) > 3 and flag.startswith(name):
+            return True
+    return False
+
+
+def _tuned_settings(args: argparse.Namespace, cuda: bool):
+    """``(file, TuneSettings, backend)`` of ``crossdali tune`` for this run's --data, backend, batch and crop on
+    this machine, or None (no local --data, a backend without DALI pipelines, nothing tuned)."""
+    data, crop = getattr(args, "data", None), getattr(args, "crop_size", None)
+    if not isinstance(data, Path) or crop is None or getattr(args, "multi_label", False):
+        return None
+    from crossdali.common.options import DALI_BACKENDS
+    from crossdali.common.tune import read_tune
+
+    backend = getattr(args, "data_backend", "auto")
+    backend = ("dali-gpu" if cuda else "dali-cpu") if backend == "auto" else backend
+    if backend not in DALI_BACKENDS:
+        return None
+    found = read_tune(data, backend, args.batch_size, crop)
+    return None if found is None else (*found, backend)
 
 
 def resolve_defaults(args: argparse.Namespace, *, cuda: bool, world_size: int = 1, layout: str | None = None,
                      reference_batch: int = LR_REFERENCE_BATCH, local_processes: int | None = None,
-                     cpus: int | None = None) -> ResolvedDefaults:
+                     cpus: int | None = None, argv: Sequence[str] | None = None) -> ResolvedDefaults:
     """Fill the flags left to the machine (None in ``args``) and say what the run trains with.
 
     Args:
@@ -117,6 +159,12 @@ def resolve_defaults(args: argparse.Namespace, *, cuda: bool, world_size: int = 
         reference_batch: the global batch ``--lr`` is for; the run's learning rate scales linearly from it.
         local_processes: processes on this node (default: ``local_process_count``).
         cpus: CPUs this process may use (default: ``os.sched_getaffinity``).
+        argv: the command line the flags came from (default ``sys.argv[1:]``): a tuned flag on it keeps its value.
+
+    Where ``crossdali tune`` wrote a file for ``args.data`` (a local folder), the backend (``auto``: dali-gpu
+    where a CUDA GPU trains, else dali-cpu), ``args.batch_size`` and ``args.crop_size`` on this machine, its
+    thread count fills ``workers`` when None (divided among this node's processes), and its hardware-decoder
+    share (dali-gpu) and pipelines replace ``args.hw_decoder_load`` / ``args.pipelines`` unless ``argv`` gives them.
     """
     auto = []
     if getattr(args, "amp", None) is None:
@@ -132,13 +180,30 @@ def resolve_defaults(args: argparse.Namespace, *, cuda: bool, world_size: int = 
     if args.batch_size is None:
         args.batch_size = GPU_BATCH_SIZE if cuda else CPU_BATCH_SIZE
         auto.append("batch_size")
+    local = local_process_count(world_size) if local_processes is None else local_processes
+    found, tuned = _tuned_settings(args, cuda), []
     if args.workers is None:
-        local = local_process_count(world_size) if local_processes is None else local_processes
-        args.workers = default_workers(cuda=cuda, local_processes=local, cpus=cpus)
+        if found is not None:  # measured for one process: the node's processes share the threads
+            args.workers = max(1, found[1].workers // max(1, local))
+            tuned.append("workers")
+        else:
+            args.workers = default_workers(cuda=cuda, local_processes=local, cpus=cpus)
         auto.append("workers")
+    if found is not None:
+        argv = sys.argv[1:] if argv is None else argv
+        for name, flag in _TUNED_FLAGS.items():
+            if not hasattr(args, name) or _on_command_line(flag, argv):
+                continue
+            if name == "hw_decoder_load" and found[2] != "dali-gpu":
+                continue
+            if name == "pipelines" and getattr(args, "global_order", False):  # one pipeline per rank there
+                continue
+            setattr(args, name, getattr(found[1], name))
+            tuned.append(name)
     global_batch = args.batch_size * world_size
     resolved = ResolvedDefaults(cuda=cuda, amp=bool(args.amp), memory_format=memory_format, batch_size=args.batch_size,
                                 workers=args.workers, lr=args.lr * global_batch / reference_batch,
-                                lr_rule=f"{args.lr:g} x {global_batch}/{reference_batch}", auto=tuple(auto))
+                                lr_rule=f"{args.lr:g} x {global_batch}/{reference_batch}", auto=tuple(auto),
+                                tune_file=None if found is None else str(found[0]), tuned=tuple(tuned))
     log.info("run settings on the %s", resolved.line())
     return resolved

@@ -1,0 +1,133 @@
+"""``crossdali tune`` on the CPU: real DALI trials on the tiny sample set within a small budget, the tune file
+it writes, a training script that takes its values for the flags not given (and says so), an explicit flag
+that wins, and one-line errors for a user's mistakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from crossdali.common.scripts.defaults import resolve_defaults
+from crossdali.common.scripts.script_parsers import PARSERS
+from crossdali.common.tune import (
+    KNOBS,
+    TuneResult,
+    TuneSettings,
+    default_settings,
+    detect_machine,
+    read_tune,
+    tune_key,
+    write_tune,
+)
+
+BUDGET = 5.0
+
+
+def _env(cache, data_root) -> dict:
+    return {**os.environ, "CROSSDALI_CACHE": str(cache), "CROSSDALI_DATA": str(data_root), "OMP_NUM_THREADS": "2"}
+
+
+def _tune(*argv: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "crossdali", "tune", *argv], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_tune_measures_within_the_budget_and_writes_the_file(tmp_path, data_root, tiny_classification):
+    data = tiny_classification / "imagefolder"
+    t0 = time.perf_counter()
+    proc = _tune("--data", str(data), "--data-backend", "dali-cpu", "-b", "16", "--crop-size", "32",
+                 "--budget", str(BUDGET), env=_env(tmp_path, data_root))
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    trials = [line for line in lines if line.startswith("trial ")]
+    assert trials and "(defaults)" in trials[0] and "-j 4, hw 1, pipelines 1, prefetch 2" in trials[0]
+    assert all("images/s" in line for line in trials)
+    chosen, = [line for line in lines if line.startswith("chosen: ")]
+    written, = [line for line in lines if line.startswith("written: ")]
+    files = list((tmp_path / "tune").glob("*.json"))
+    assert len(files) == 1 and str(files[0]) in written
+    content = json.loads(files[0].read_text())
+    assert content["key"] == {"data": str(data.resolve()), "backend": "dali-cpu", "batch_size": 16, "crop_size": 32,
+                              "gpu": detect_machine().gpu, "cpus": detect_machine().cpus}
+    assert set(content["settings"]) == set(KNOBS) and content["noise_margin"] == 0.03
+    assert content["defaults"] == {"workers": 4, "hw_decoder_load": 1.0, "pipelines": 1, "prefetch": 2}
+    assert len(content["trials"]) == len(trials) and all(t["images_per_s"] > 0 for t in content["trials"])
+    assert TuneSettings(**content["settings"]).label() in chosen
+    # the trials stop at the budget (one step and a teardown past it at most); the rest is Python and DALI starting
+    assert content["seconds"] <= BUDGET + 3.0
+    assert wall < BUDGET + 30.0
+    # never slower than the defaults by the search's own measurements: a change needs a 3 % win
+    if content["settings"] != content["defaults"]:
+        assert content["images_per_s"] > content["defaults_images_per_s"] * 1.03
+
+
+def _write(cache, monkeypatch, data, settings: TuneSettings, *, batch: int, crop: int, backend: str = "dali-cpu"):
+    monkeypatch.setenv("CROSSDALI_CACHE", str(cache))
+    defaults = default_settings(backend, detect_machine())
+    result = TuneResult(best=settings, defaults=defaults, best_images_per_s=200.0, defaults_images_per_s=100.0)
+    return write_tune(tune_key(data, backend, batch, crop, detect_machine()), result, budget_s=BUDGET)
+
+
+def test_an_explicit_flag_wins_over_the_tune_file(tmp_path, monkeypatch, tiny_classification):
+    data = tiny_classification / "imagefolder"
+    path = _write(tmp_path, monkeypatch, data, TuneSettings(workers=3, hw_decoder_load=1.0, pipelines=2, prefetch=3),
+                  batch=32, crop=32)
+    assert read_tune(data, "dali-cpu", 32, 32) == (path, TuneSettings(3, 1.0, 2, 3))
+    assert read_tune(data, "dali-cpu", 64, 32) is None  # another batch: another key
+    parser = PARSERS[("classification", "pytorch")]()
+    argv = ["--data", str(data), "--data-backend", "dali-cpu", "-b", "32", "--crop-size", "32"]
+
+    taken = parser.parse_args(argv)
+    resolved = resolve_defaults(taken, cuda=False, argv=argv)
+    assert (taken.workers, taken.pipelines, resolved.tuned, resolved.tune_file) == (3, 2, ("workers", "pipelines"),
+                                                                                    str(path))
+    assert f"-j 3 (tuned); workers, pipelines from crossdali tune: {path}" in resolved.line()
+
+    explicit = [*argv, "-j", "2", "--pipelines", "1"]
+    given = parser.parse_args(explicit)
+    resolved = resolve_defaults(given, cuda=False, argv=explicit)
+    assert (given.workers, given.pipelines, resolved.tuned) == (2, 1, ())
+    assert resolved.record()["tune_file"] == str(path) and "workers" not in resolved.auto
+
+
+@pytest.mark.slow
+def test_a_training_run_takes_the_tuned_values_and_says_so(tmp_path, monkeypatch, data_root, tiny_classification):
+    pytest.importorskip("torch")
+    from crossdali.common.scripts.metrics import read_metrics
+
+    data = tiny_classification / "imagefolder"
+    path = _write(tmp_path / "cache", monkeypatch, data,
+                  TuneSettings(workers=3, hw_decoder_load=1.0, pipelines=2, prefetch=2), batch=32, crop=32)
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "crossdali.pytorch.train_classification", "--data", str(data),
+                           "--data-backend", "dali-cpu", "-b", "32", "--crop-size", "32", "--arch", "small_cnn",
+                           "--epochs", "1", "--print-freq", "0", "--skip-check", "--output-dir", str(out)],
+                          env=_env(tmp_path / "cache", data_root), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"-j 3 (tuned); workers, pipelines from crossdali tune: {path}" in proc.stderr
+    assert "1 shard(s) x 2 pipelines" in proc.stderr
+    start, = [r for r in read_metrics(out) if r["event"] == "start"]
+    assert (start["workers"], start["pipelines"], start["tune_file"], start["tuned"]) == \
+        (3, 2, str(path), ["workers", "pipelines"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--data", "/no/such/dataset"], "--data /no/such/dataset does not exist"),
+    (["--data", "{tiny}", "--data-backend", "dali-gpu"], "--data-backend dali-gpu needs a CUDA GPU"),
+    (["--data", "{tiny}/train"], "no train split found"),
+])
+def test_a_mistake_is_one_line_and_exit_2(argv, words, tmp_path, data_root, tiny_classification):
+    if "dali-gpu" in argv and detect_machine().gpu is not None:
+        pytest.skip("a GPU is visible here")
+    argv = [a.replace("{tiny}", str(tiny_classification / "imagefolder")) for a in argv]
+    proc = _tune(*argv, "--budget", "1", env=_env(tmp_path, data_root))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("crossdali tune: error: ") and words in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "tune").exists()
