@@ -19,6 +19,8 @@
 #   check_speed                --size bench --device gpu --copies 8 (the data checker on 65,560 files)
 #   multi_gpu                  --gpus 1,2 --launchers torchrun (needs 2 GPUs)
 #   tf_vs_torch                (needs TensorFlow staged)
+#   tune                       crossdali tune (60 s), then every configuration of its grid, in one call (about
+#                              8 minutes) -> tune.json
 #   object_store               the PyTorch loader from moto's S3 server on the loopback vs local disk (needs boto3 and
 #                              moto[server] importable: carried as wheels where there is no package index)
 #   soak                       --minutes 8: memory over the PyTorch script's default command (30 minutes by
@@ -36,10 +38,10 @@
 # (stage-tf: /tmp/tfenv.sh is sourced where it exists). An installed DALI is used as it is.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-(( $# )) || { sed -n '2,26p' "$0"; exit 2; }
+(( $# )) || { sed -n '2,28p' "$0"; exit 2; }
 phases=(tests parity optical_flow classification_loaders training_speed training_speed_jax training_speed_tensorflow
         detection_loaders video_decode inference predict_latency external_source loader_formats proxy_loader check_speed
-        multi_gpu tf_vs_torch object_store soak)
+        multi_gpu tf_vs_torch tune object_store soak)
 for phase in "$@"; do
   [[ " ${phases[*]} all " == *" $phase "* ]] || { echo "unknown phase '$phase': one of ${phases[*]} all" >&2; exit 2; }
 done
@@ -110,6 +112,7 @@ run_phase() {
     multi_gpu) if (( $(nvidia-smi -L | wc -l) < 2 )); then echo "multi_gpu: skipped, needs 2 GPUs" | tee -a "$logs/steps.txt"
       else sample_sets; bench multi_gpu multi_gpu 580 --gpus 1,2 --launchers torchrun; fi ;;
     tf_vs_torch) has tensorflow "$1" && { sample_sets; bench tf_vs_torch tf_vs_torch 420; } ;;
+    tune) sample_sets; bench tune tune 590 ;;
     object_store) has moto "$1" && has boto3 "$1" && { sample_sets; bench object_store object_store 580; } ;;
     soak) sample_sets; bench soak soak 590 --minutes 8 ;;
   esac
