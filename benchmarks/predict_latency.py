@@ -23,7 +23,8 @@ pool of ``--workers`` threads. Measured, in ``--rounds`` interleaved rounds (eve
 - crossover (eager and pipeline): preprocessing alone for runs of ``--sweep`` images; ``eager_max_images`` is
   the largest run size up to which eager was never slower: the value for ``EAGER_MAX_IMAGES``;
 - cold start: in ``--cold-starts`` fresh processes per engine, a new ``Predictor`` to its first top-5 (torch, CUDA
-  and DALI's base module already imported): what one ``crossdali predict IMAGE`` pays for its engine.
+  and DALI's base module already imported): what one ``crossdali predict IMAGE`` pays for its engine;
+  ``eager_starts_faster`` (medians) is the value for ``EAGER_STARTS_FASTER``.
 
 Writes ``predict_latency.json`` (rewritten as rows finish) and ``predict_latency.png``; ``--cpu`` runs
 write ``predict_latency_cpu.*``.
@@ -231,7 +232,7 @@ def main(args: argparse.Namespace) -> dict:
 
     from crossdali.common.data.sample_data import ensure_classification
     from crossdali.common.data.sources import resolve_source
-    from crossdali.common.inference import EAGER_MAX_IMAGES
+    from crossdali.common.inference import EAGER_MAX_IMAGES, EAGER_STARTS_FASTER
     from crossdali.pytorch.predict import Predictor
 
     if args.smoke:
@@ -284,6 +285,7 @@ def main(args: argparse.Namespace) -> dict:
         "workers": args.workers,
         "rounds": args.rounds,
         "eager_max_images_in_code": EAGER_MAX_IMAGES["gpu" if gpu else "cpu"],
+        "eager_starts_faster_in_code": EAGER_STARTS_FASTER["gpu" if gpu else "cpu"],
         "timing": f"{args.rounds} interleaved rounds; per round and row {args.requests} one-image requests and "
                   f"{args.batches} batches of {args.batch_size}; medians over all rounds",
         "results": [row.result for row in rows],
@@ -351,7 +353,9 @@ def main(args: argparse.Namespace) -> dict:
         save()
     del eager, pipeline, rows, live
     if args.cold_starts:
-        report["cold_start"] = _cold_starts(args, Path(files[0]), gpu)
+        report["cold_start"] = cold = _cold_starts(args, Path(files[0]), gpu)
+        if "error" not in cold:  # the value for EAGER_STARTS_FASTER on this device
+            report["eager_starts_faster"] = cold["eager"]["first_ms"] < cold["pipeline"]["first_ms"]
         print(f"cold start (new Predictor to its first top-5): {report['cold_start']}", flush=True)
         save()
     if plot(report, args.out / f"{stem}.png"):

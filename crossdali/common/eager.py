@@ -65,6 +65,10 @@ class EagerPreprocessor:
     ``run(images)`` returns DALI's evaluated ``Batch`` (N, C, H, W) (or (N, H, W, C)); the
     framework wrapper converts it (``Batch.torch()``, DLPack). One preprocessor serves one thread
     at a time (DALI's ``EvalContext`` refuses a second).
+
+    DALI keeps the operators it makes in this preprocessor's ``EvalContext``, one set per
+    power-of-two run size (1, 2, 3-4, 5-8, ...): the first run of each size class makes its own
+    (the GPU decoder included), later ones reuse them.
     """
 
     def __init__(self, *, options: PipelineOptions, transform: ClassificationTransform | None = None,

@@ -31,8 +31,8 @@ from crossdali.common.data.sources import sniff_image_bytes
 from crossdali.common.errors import DataError
 from crossdali.common.options import PipelineOptions
 
-__all__ = ["EAGER_MAX_IMAGES", "ENGINES", "EncodedImage", "InferencePipeline", "MicroBatcher", "choose_engine",
-           "prepare_image", "preprocessing_error"]
+__all__ = ["EAGER_MAX_IMAGES", "EAGER_STARTS_FASTER", "ENGINES", "EncodedImage", "InferencePipeline", "MicroBatcher",
+           "choose_engine", "prepare_image", "preprocessing_error"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,11 @@ ENGINES = ("auto", "eager", "pipeline")
 #: ``auto``: runs of up to this many images take the eager engine, larger ones the pipeline. Per device,
 #: where the latency benchmark (docs/benchmarks.md#inference) found eager no slower than the pipeline.
 EAGER_MAX_IMAGES = {"cpu": 8, "gpu": 8}
+
+#: Whether a new eager engine gives its first result sooner than a new pipeline (the latency benchmark's cold
+#: start: eager's includes importing DALI's dynamic mode, the pipeline's its build). ``auto`` in a process that
+#: serves one request (``crossdali predict``) takes eager only where it does.
+EAGER_STARTS_FASTER = {"cpu": False, "gpu": False}
 
 
 @dataclass(frozen=True)
@@ -104,16 +109,19 @@ def preprocessing_error(images: Sequence[EncodedImage], error: Exception) -> Dat
                      f"{str(error).strip().splitlines()[-1]}")
 
 
-def choose_engine(engine: str, num_images: int, *, device: str) -> str:
+def choose_engine(engine: str, num_images: int, *, device: str, one_shot: bool = False) -> str:
     """``"eager"`` or ``"pipeline"``: which engine preprocesses a run of ``num_images`` on ``device``
-    (``"cpu"`` or ``"gpu"``). ``engine="auto"`` picks eager for runs of up to
-    ``EAGER_MAX_IMAGES[device]`` images, the pipeline for larger ones; ``"eager"`` and
-    ``"pipeline"`` are taken as they are."""
+    (``"cpu"`` or ``"gpu"``). ``"eager"`` and ``"pipeline"`` are taken as they are. ``"auto"`` picks
+    eager for runs of up to ``EAGER_MAX_IMAGES[device]`` images and the pipeline for larger ones; for
+    a ``one_shot`` run (the only one of its process, so the engine's start-up counts) eager only where
+    it also starts faster (``EAGER_STARTS_FASTER[device]``)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine != "auto":
         return engine
-    return "eager" if num_images <= EAGER_MAX_IMAGES[device] else "pipeline"
+    if num_images > EAGER_MAX_IMAGES[device] or (one_shot and not EAGER_STARTS_FASTER[device]):
+        return "pipeline"
+    return "eager"
 
 
 class InferencePipeline:

@@ -13,8 +13,10 @@ to PNG on the way in (``crossdali.common.inference``); files nothing can read ar
 
 In a program, ``Predictor`` keeps the model and DALI's preprocessing alive: ``predict(images)``
 for a list, ``submit(image)`` from any thread (requests that arrive together run as one batch).
-Small runs go through DALI's dynamic mode (eager operators, no pipeline), larger ones through a
-pipeline built once; ``--engine`` / ``engine=`` picks one (docs/inference.md#engines).
+Two engines give the same bits: DALI's dynamic mode (eager operators, no pipeline) and a pipeline
+built once. A ``Predictor`` sends small runs to the first, larger ones to the second; the command,
+which serves one request per process, also weighs each engine's start-up. ``--engine`` /
+``engine=`` picks one (docs/inference.md#engines-eager-dalis-dynamic-mode-and-the-pipeline).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from crossdali.common.classification import ClassificationTransform
 from crossdali.common.errors import DataError
 from crossdali.common.inference import (
     EAGER_MAX_IMAGES,
+    EAGER_STARTS_FASTER,
     ENGINES,
     EncodedImage,
     InferencePipeline,
@@ -279,6 +282,17 @@ class Predictor:
             self._batcher = None
 
 
+def _auto_engine_help() -> str:
+    """What ``--engine auto`` does for one command, from the constants the latency benchmark sets."""
+    eager_first = [f"{where} for up to {EAGER_MAX_IMAGES[key]} images" for where, key in (("on the CPU", "cpu"),
+                   ("on a GPU", "gpu")) if EAGER_STARTS_FASTER[key]]
+    if not eager_first:
+        return ("auto (default): the pipeline, since for one command its build takes less time than eager's start "
+                "(importing DALI's dynamic mode); a Predictor kept in a program takes eager for small runs")
+    return (f"auto (default): eager {' and '.join(eager_first)}, where it starts faster than the pipeline builds, "
+            "else the pipeline")
+
+
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -290,11 +304,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="auto: CUDA (and DALI's GPU decoder) when a GPU is visible")
     parser.add_argument("--engine", default="auto", choices=ENGINES,
-                        help="how DALI preprocesses: 'eager' calls its operators directly (dynamic mode, no pipeline "
-                             "to build), 'pipeline' runs a pipeline built once; auto (default): eager for runs of up to "
-                             f"{EAGER_MAX_IMAGES['cpu']} images on the CPU / {EAGER_MAX_IMAGES['gpu']} on a GPU, where "
-                             "it is the faster one, the pipeline for larger runs (docs/benchmarks.md#inference). "
-                             "Both give the same bits")
+                        help="how DALI preprocesses (both give the same bits): 'eager' calls its operators directly "
+                             "(dynamic mode, no pipeline), 'pipeline' builds a pipeline and runs it. "
+                             f"{_auto_engine_help()} (docs/benchmarks.md#inference)")
     parser.add_argument("--json", action="store_true", help="one JSON object per image instead of text")
     return parser
 
@@ -309,8 +321,11 @@ def main(args: argparse.Namespace) -> list[Prediction]:
     device = None if args.device == "auto" else args.device
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA GPU is visible; use --device cpu")
+    on_gpu = device == "cuda" or (device is None and torch.cuda.is_available())
+    # one process, one request: the engine's start-up counts (crossdali.common.inference.choose_engine)
+    engine = choose_engine(args.engine, len(images), device="gpu" if on_gpu else "cpu", one_shot=True)
     predictor = Predictor.from_checkpoint(args.checkpoint, device=device, max_batch_size=args.batch_size,
-                                          workers=args.workers, engine=args.engine)
+                                          workers=args.workers, engine=engine)
     predictions = predictor.predict(images, topk=args.topk)
     for p in predictions:
         if args.json:

@@ -1,8 +1,8 @@
 """Eager inference: DALI's dynamic mode (``crossdali.common.eager``) gives the pipeline Predictor's
-bits on the same bytes (real JPEGs of the sample set, PNGs of awkward sizes, a converted GIF), the
-``auto`` rule picks it for small runs without building a pipeline, errors name the file, and
-``crossdali predict --engine`` selects either engine. The ``gpu`` test does the same with DALI's GPU
-decoder."""
+bits on the same bytes (real JPEGs of the sample set, PNGs of awkward sizes, a converted GIF); the
+``auto`` rule picks it for small runs without building a pipeline (and, for one request per process,
+only where it starts faster); errors name the file; ``crossdali predict --engine`` selects either
+engine. The ``gpu`` test does the same with DALI's GPU decoder."""
 
 from __future__ import annotations
 
@@ -22,7 +22,13 @@ from crossdali.common.classification import ClassificationTransform  # noqa: E40
 from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.eager import EagerPreprocessor, val_geometry  # noqa: E402
 from crossdali.common.errors import DataError  # noqa: E402
-from crossdali.common.inference import EAGER_MAX_IMAGES, InferencePipeline, choose_engine, prepare_image  # noqa: E402
+from crossdali.common.inference import (  # noqa: E402
+    EAGER_MAX_IMAGES,
+    EAGER_STARTS_FASTER,
+    InferencePipeline,
+    choose_engine,
+    prepare_image,
+)
 from crossdali.common.options import PipelineOptions  # noqa: E402
 from crossdali.pytorch.predict import Predictor, run  # noqa: E402
 
@@ -108,6 +114,12 @@ def test_auto_takes_eager_for_small_runs_and_builds_no_pipeline_for_them(model, 
     assert choose_engine("auto", 1, device="cpu") == choose_engine("auto", small, device="cpu") == "eager"
     assert choose_engine("auto", small + 1, device="cpu") == "pipeline"
     assert choose_engine("pipeline", 1, device="gpu") == "pipeline" and choose_engine("eager", 64, device="gpu") == "eager"
+    # one request per process (the command): eager only where it also starts faster than the pipeline builds
+    for device in ("cpu", "gpu"):
+        expected = "eager" if EAGER_STARTS_FASTER[device] else "pipeline"
+        assert choose_engine("auto", 1, device=device, one_shot=True) == expected
+        assert choose_engine("auto", EAGER_MAX_IMAGES[device] + 1, device=device, one_shot=True) == "pipeline"
+        assert choose_engine("eager", 1, device=device, one_shot=True) == "eager"
     with pytest.raises(ValueError, match="engine must be one of auto, eager, pipeline, got 'fast'"):
         choose_engine("fast", 1, device="cpu")
     with pytest.raises(ValueError, match="engine must be one of"):
