@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.jax, pytest.mark.slow]
+pytestmark = [pytest.mark.jax]
 
 HERE = Path(__file__).resolve()
 TIMEOUT = 600
@@ -135,6 +135,7 @@ if __name__ == "__main__":
 
 # -- the tests --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sharded_loader_and_step_on_two_devices(tmp_path, data_root, tiny_classification, indexed_val_source,
                                                 assert_epoch_coverage):
     found = _run_case("loader", tmp_path, data_root)
@@ -159,6 +160,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_script_on_two_devices_and_two_processes(tmp_path, data_root, tiny_classification, assert_finished_run):
     """The script on the 2 devices of one process, then as 2 processes of 1 device each started as
     torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; jax.distributed's coordinator
@@ -197,3 +199,22 @@ def test_script_on_two_devices_and_two_processes(tmp_path, data_root, tiny_class
     for key in ("train_loss", "val_loss", "val_top1"):
         assert epoch[key] == pytest.approx(one[key], rel=1e-4), key
     assert not list(out.glob(".worker*"))  # process 1 wrote nothing
+
+
+def test_coordinator_from_the_launcher_or_one_line_asking_for_it():
+    """jax.distributed's coordinator: JAX's own variable first, torchrun's MASTER_ADDR with the port after
+    MASTER_PORT (torchrun's store holds that one), else JAX's cluster detection, else one line with the fix."""
+    from crossdali.common.distributed import DistInfo, detect_distributed
+    from crossdali.common.errors import UsageError
+    from crossdali.jax.parallel import coordinator_address, initialize_distributed
+
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}
+    dist = detect_distributed(torchrun)
+    assert coordinator_address(dist, torchrun) == "10.0.0.5:29501"
+    assert coordinator_address(dist, {**torchrun, "JAX_COORDINATOR_ADDRESS": "h:7"}) == "h:7"
+    horovod = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0"}
+    dist = detect_distributed(horovod)
+    assert coordinator_address(dist, horovod) is None
+    with pytest.raises(UsageError, match="export JAX_COORDINATOR_ADDRESS=HOST:PORT"):
+        initialize_distributed(dist, horovod)
+    initialize_distributed(DistInfo(), {})  # one process: nothing to start
