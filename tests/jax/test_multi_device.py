@@ -218,3 +218,47 @@ def test_coordinator_from_the_launcher_or_one_line_asking_for_it():
     with pytest.raises(UsageError, match="export JAX_COORDINATOR_ADDRESS=HOST:PORT"):
         initialize_distributed(dist, horovod)
     initialize_distributed(DistInfo(), {})  # one process: nothing to start
+
+
+def _gpus() -> list:
+    import jax
+
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_dali_gpu_over_two_gpus(tiny_classification, indexed_val_source, assert_epoch_coverage, data_root, monkeypatch,
+                                tmp_path):
+    """On a machine with 2 GPUs: each device's part of a dali-gpu batch decoded on that GPU, val every sample
+    once, and the script training on both GPUs by default."""
+    pytest.importorskip("jax")
+    gpus = _gpus()
+    if len(gpus) < 2:
+        pytest.skip(f"needs 2 GPUs visible to JAX (it sees {len(gpus)})")
+    import numpy as np
+
+    from crossdali.jax.loaders import PADDING_LABEL, create_classification_loader
+    from crossdali.jax.parallel import batch_sharding
+
+    sharding = batch_sharding(gpus[:2])
+    val = create_classification_loader(indexed_val_source, train=False, backend="dali-gpu", batch_size=8,
+                                       crop_size=64, workers=2, sharding=sharding)
+    per_device: list[list[int]] = [[], []]
+    for images, labels in val:
+        assert images.shape == (16, 64, 64, 3) and images.sharding == sharding
+        for k, (im, lab) in enumerate(zip(sorted(images.addressable_shards, key=lambda s: s.device.id),
+                                          sorted(labels.addressable_shards, key=lambda s: s.device.id), strict=True)):
+            assert im.device == gpus[k] and lab.device == gpus[k] and im.data.shape == (8, 64, 64, 3)
+            per_device[k] += [int(i) for i in np.asarray(lab.data) if i != PADDING_LABEL]
+    assert_epoch_coverage(per_device, indexed_val_source.num_samples)
+
+    from crossdali.jax.train_classification import get_args_parser, main
+
+    monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
+    stats = main(get_args_parser().parse_args([*SCRIPT_ARGS[:-3], "dali-gpu", "--epochs", "1", "--output-dir",
+                                               str(tmp_path)]))
+    assert stats["train_samples"] == 264 and stats["val_samples"] == 55
