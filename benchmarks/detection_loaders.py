@@ -37,7 +37,7 @@ import torch
 from benchmarks import cpu_model, usage_error
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.data.sample_data.detection import ensure_detection
-from crossdali.common.detection import resolve_detection_source
+from crossdali.common.detection import DetectionTransform, resolve_detection_source
 from crossdali.pytorch.detection import create_detection_loader
 
 NATIVE = "torchvision v2 DataLoader (native)"
@@ -152,6 +152,9 @@ def main(args: argparse.Namespace) -> dict:
     # the three-way comparison first, so that a spent time budget only skips the extra GPU variants
     configs = [*gpu_configs[:1], ("DALI CPU", dict(backend="dali-cpu")), (NATIVE, dict(backend="native")),
                *gpu_configs[1:]]
+    if args.cpu:  # the CPU default (no zoomed-out canvas) beside the canvas the GPU builds
+        configs.append(("DALI CPU, with the canvas", dict(backend="dali-cpu",
+                                                          transform=DetectionTransform(canvas_free=False))))
     report = {
         "benchmark": "detection_loaders",
         "command": " ".join(["python", "-m", "benchmarks.detection_loaders", *sys.argv[1:]]),

@@ -15,6 +15,9 @@ train: readers.coco (ltrb boxes relative to the image, empty images skipped, glo
 val:   decode -> resize 300x300 -> normalize; boxes (ltrb, relative) and labels padded to the
        longest in the batch (label 0 = padding), and the COCO image id for evaluation.
 
+On the CPU (``DetectionTransform.canvas_free``) the zoom-out, crop and resize run without the canvas: only
+the window's part of the image is decoded, resized to its place in the output and padded with the fill
+colour, the same geometry as paste -> slice -> resize (docs/benchmarks.md#detection-loaders).
 ``device="gpu"`` decodes with the mixed decoder and pastes, crops, resizes and encodes on the GPU
 (box geometry, which is tiny, stays on the CPU); ``device="cpu"`` needs no GPU. Labels are DALI's
 contiguous class indices 1..C: categories in the annotation file's order (``DetectionSource.label_to_category``).
@@ -75,6 +78,10 @@ class DetectionTransform:
     #: train: colour jitter + normalisation as one operator of crossdali's DALI plugin (built with
     #: ``python -m crossdali.common.plugins build``; docs/custom-operators.md), the same pixels in one pass
     fused_colour: bool = False
+    #: train: zoom-out, crop and resize without the zoomed-out canvas (only the window's part of the
+    #: image is decoded, resized and padded with the fill colour: ``_zoom_out_crop_resize``); ``None``:
+    #: on the CPU, where the canvas (up to 16x the image) costs most, not on the GPU
+    canvas_free: bool | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -103,6 +110,34 @@ def _padded(x, fill):
     from nvidia.dali import fn
 
     return fn.pad(x, fill_value=fill, axes=(0,))
+
+
+def _zoom_out_crop_resize(jpegs, ratio, paste_x, paste_y, anchor, shape, *, size: int, fill: list[int], decoder: dict):
+    """The zoom-out paste, the crop and the resize to ``size`` x ``size`` without the zoomed-out canvas.
+
+    The crop window (``anchor``, ``shape``: relative to a canvas ``ratio`` times the image, the
+    image pasted at ``paste_x``, ``paste_y``) is mapped into the image's own coordinates; only the
+    part of the image inside the window is decoded (``decoders.image_slice``), resized to the size
+    it takes in the output, and placed there on a ``fill`` background (``slice`` with padding).
+    The pixels are those of paste -> slice -> resize up to the rounding of the image's edge to
+    whole output pixels; the canvas (up to 16 times the image's pixels) is never built.
+    """
+    from nvidia.dali import fn, math, types
+
+    eps = 1e-4  # a window that misses the image still decodes a sliver of it, then moves it out of view
+    a = anchor * ratio - fn.stack(paste_x, paste_y) * (ratio - 1.0)  # the window in the image, (x, y), relative
+    s = shape * ratio
+    lo = math.clamp(a, 0.0, 1.0 - eps)
+    hi = math.clamp(a + s, lo + eps, 1.0)
+    start = math.floor(size * (lo - a) / s + 0.5)  # where the visible part lands in the output, pixels
+    extent = math.max(math.floor(size * (hi - a) / s + 0.5) - start, 1.0)
+    miss = fn.cast((a + s <= 0.0) | (a >= 1.0), dtype=types.FLOAT)
+    miss = math.max(miss[0], miss[1])
+    images = fn.decoders.image_slice(jpegs, lo, hi - lo, axis_names="WH", **decoder)
+    images = fn.resize(images, resize_x=extent[0], resize_y=extent[1], min_filter=types.INTERP_TRIANGULAR)
+    out_anchor = -start * (1.0 - miss) + 2.0 * size * miss
+    return fn.slice(images, out_anchor, fn.constant(fdata=[float(size), float(size)]), axis_names="WH",
+                    normalized_anchor=False, normalized_shape=False, out_of_bounds_policy="pad", fill_values=fill)
 
 
 def create_detection_pipeline(source: DetectionSource, *, train: bool, options: PipelineOptions,
@@ -143,7 +178,8 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
         decoder = dict(device="mixed" if gpu else "cpu", output_type=types.RGB)
         if gpu:
             decoder["hw_decoder_load"] = opts.hw_decoder_load
-        images = fn.decoders.image(jpegs, **decoder)
+        canvas_free = train and (t.canvas_free if t.canvas_free is not None else not gpu)
+        images = None if canvas_free else fn.decoders.image(jpegs, **decoder)
         if not train:
             images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)
             images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
@@ -156,15 +192,20 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
         ratio = 1.0 + fn.cast(zoom, dtype=types.FLOAT) * (fn.random.uniform(range=[1.0, t.max_zoom_out]) - 1.0)
         paste_x = fn.random.uniform(range=[0.0, 1.0])
         paste_y = fn.random.uniform(range=[0.0, 1.0])
-        images = fn.paste(images, ratio=ratio, paste_x=paste_x, paste_y=paste_y, fill_value=t.fill)
+        if not canvas_free:
+            images = fn.paste(images, ratio=ratio, paste_x=paste_x, paste_y=paste_y, fill_value=t.fill)
         boxes = fn.bbox_paste(boxes, ratio=ratio, paste_x=paste_x, paste_y=paste_y, ltrb=True)
         # prospective IoU crop: boxes whose centre leaves the window are dropped, others clipped
         anchor, shape, boxes, labels = fn.random_bbox_crop(
             boxes, labels, thresholds=list(t.iou_thresholds), scaling=list(t.crop_scaling),
             aspect_ratio=list(t.crop_aspect_ratio), bbox_layout="xyXY", allow_no_crop=True, num_attempts=50)
-        images = fn.slice(images, anchor, shape, axis_names="WH", normalized_anchor=True, normalized_shape=True,
-                          out_of_bounds_policy="trim_to_shape")
-        images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)
+        if canvas_free:
+            images = _zoom_out_crop_resize(jpegs, ratio, paste_x, paste_y, anchor, shape, size=t.size, fill=t.fill,
+                                           decoder=decoder)
+        else:
+            images = fn.slice(images, anchor, shape, axis_names="WH", normalized_anchor=True, normalized_shape=True,
+                              out_of_bounds_policy="trim_to_shape")
+            images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)
         flip = fn.random.coin_flip(probability=t.flip_probability)
         boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
         crop_boxes, crop_labels = boxes, labels

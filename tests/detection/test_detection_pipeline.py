@@ -25,7 +25,7 @@ def _run(pipe, names, iters=1):
     pipe.build()
     batches = []
     for _ in range(iters):
-        out = pipe.run()
+        out = [x.as_cpu() if hasattr(x, "as_cpu") else x for x in pipe.run()]
         batches.append({n: [np.array(x[i]) for i in range(len(x))] for n, x in zip(names, out)})
     return batches
 
@@ -208,3 +208,42 @@ def test_annotation_for_unknown_image_or_category(detection_root, tmp_path):
     (root / "annotations" / "instances_val.json").write_text(json.dumps(coco))
     with pytest.raises(DataError, match="image id 123456"):
         resolve_detection_source(root, "val")
+
+
+@pytest.mark.parametrize("device,canvas_free", [
+    ("cpu", None), ("cpu", False),
+    pytest.param("gpu", True, marks=pytest.mark.gpu), pytest.param("gpu", None, marks=pytest.mark.gpu)])
+def test_train_image_lands_where_its_boxes_do(detection_root, device, canvas_free):
+    """The zoomed-out, cropped image's pixels: outside the image's place in the window (from the
+    random parameters, as for the boxes) every pixel is the fill colour; inside, the photo. With the
+    canvas and without it (the CPU's default), on the CPU and the GPU."""
+    from crossdali.common.detection import DetectionTransform
+
+    same = (1.0, 1.0 + 1e-6)  # no colour jitter (DALI's uniform needs a non-empty range)
+    t = DetectionTransform(hue_degrees=1e-6, saturation=same, brightness=same, contrast=same, flip_probability=0.0,
+                           canvas_free=canvas_free)
+    fill = (np.array(t.fill, np.float64) - t.mean) / t.std
+    canvas = canvas_free is False or (canvas_free is None and device == "gpu")
+    src = resolve_detection_source(detection_root, "train")
+    options = PipelineOptions(batch_size=16, num_threads=2, seed=7, device=device,
+                              device_id=0 if device == "gpu" else None)
+    pipe = create_detection_pipeline(src, train=True, options=options, transform=t, debug=True)
+    zoomed = misses = 0
+    for batch in _run(pipe, TRAIN_OUTPUTS + DEBUG_OUTPUTS, iters=4):
+        for i, img in enumerate(batch["images"]):
+            ratio, px, py = float(batch["ratio"][i]), float(batch["paste_x"][i]), float(batch["paste_y"][i])
+            anchor, shape = batch["crop_anchor"][i].astype(np.float64), batch["crop_shape"][i].astype(np.float64)
+            lo = (np.array([px, py]) * (1 - 1 / ratio) - anchor) / shape * 300  # the image's corners in the output
+            hi = lo + 300 / ratio / shape
+            is_fill = np.all(np.abs(img - fill[:, None, None]) < 1e-3, axis=0)  # (H, W)
+            ys, xs = np.mgrid[0:300, 0:300] + 0.5
+            m = 2 if canvas else 1  # resizing the canvas blends the photo's edge into the fill
+            outside = (xs < lo[0] - m) | (xs > hi[0] + m) | (ys < lo[1] - m) | (ys > hi[1] + m)
+            inside = (xs > lo[0] + 1) & (xs < hi[0] - 1) & (ys > lo[1] + 1) & (ys < hi[1] - 1)
+            assert is_fill[outside].all(), f"sample {i}: photo pixels outside the image's place"
+            if inside.sum() > 100:
+                assert is_fill[inside].mean() < 0.5, f"sample {i}: fill colour where the photo should be"
+            else:
+                misses += 1
+            zoomed += ratio > 1.5 and outside.any()
+    assert zoomed > 0
