@@ -8,6 +8,7 @@ never answer them.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import subprocess
@@ -90,12 +91,28 @@ def aws_environment(endpoint: str) -> Iterator[dict[str, str]]:
                 os.environ[k] = v
 
 
+_shared: dict[str, object] = {}
+
+
+def shared_server() -> str:
+    """One moto server for the whole test process (stopped at exit): DALI's AWS SDK keeps the endpoint
+    it first saw for the life of the process, so a second server on another port would never be
+    asked."""
+    if "endpoint" not in _shared:
+        server = moto_server()
+        _shared["endpoint"] = server.__enter__()
+        atexit.register(server.__exit__, None, None, None)
+    return str(_shared["endpoint"])
+
+
 @contextmanager
 def tiny_set_in_store(tiny_classification: Path) -> Iterator[tuple[str, str, Path]]:
-    """(endpoint, ``s3://`` URL, local folder) of the tiny classification set in moto's server, with
-    the AWS variables set for the block: the val split of every layout and the TFRecord train split
-    (a few objects: CI's time)."""
-    with moto_server() as endpoint, aws_environment(endpoint):
-        url = upload_folder(endpoint, tiny_classification, "crossdali-tests", "tiny/classification",
-                            only=lambda rel: "val" in rel or rel.startswith("tfrecord/train"))
-        yield endpoint, url, tiny_classification
+    """(endpoint, ``s3://`` URL, local folder) of the tiny classification set in the shared moto
+    server, with the AWS variables set for the block: the val split of every layout and the
+    TFRecord train split (a few objects: CI's time), uploaded once per process."""
+    endpoint = shared_server()
+    with aws_environment(endpoint):
+        if "tiny" not in _shared:
+            _shared["tiny"] = upload_folder(endpoint, tiny_classification, "crossdali-tests", "tiny/classification",
+                                            only=lambda rel: "val" in rel or rel.startswith("tfrecord/train"))
+        yield endpoint, str(_shared["tiny"]), tiny_classification

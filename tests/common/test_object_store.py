@@ -107,17 +107,23 @@ def test_check_works_on_the_store_and_never_shows_the_secret(s3_dataset, tmp_pat
 
 
 @pytest.mark.parametrize("case", ["no-bucket", "wrong-prefix", "no-credentials"])
-def test_a_wrong_location_is_one_line_and_exit_2(s3_dataset, tmp_path, case):
-    endpoint, url, _ = s3_dataset
-    env = aws_env(endpoint)
+def test_a_wrong_location_is_one_line_and_exit_2(s3_dataset, tmp_path, monkeypatch, capsys, case):
+    from crossdali.cli import main
+
+    _, url, _ = s3_dataset
     target = {"no-bucket": "s3://no-such-bucket-here/x", "wrong-prefix": f"{url}/not-there",
               "no-credentials": url}[case]
     if case == "no-credentials":
-        del env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
-        env["AWS_SHARED_CREDENTIALS_FILE"] = env["AWS_CONFIG_FILE"] = str(tmp_path / "none")
-    proc = _cli(["check", target, "--no-progress", "--out", str(tmp_path / "check")], env, tmp_path)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and target in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the command line sets its own
+    with pytest.raises(SystemExit) as exited:
+        main(["check", target, "--no-progress", "--out", str(tmp_path / "check")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and target in lines[0] and "Traceback" not in err, err
     fix = {"no-bucket": "does not exist", "wrong-prefix": "check the prefix", "no-credentials": "AWS_ACCESS_KEY_ID"}[case]
     assert fix in lines[0]

@@ -41,7 +41,7 @@ from crossdali.common.data.formats import FORMATS, IMAGE_EXTENSIONS
 from crossdali.common.errors import DataError
 
 __all__ = ["SCHEMES", "is_object_url", "data_location", "ObjectLocation", "s3_client", "resolve_object_source",
-           "find_object_splits", "check_object_source"]
+           "find_object_splits", "check_object_source", "check_tls_beside_tensorflow"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,23 @@ def s3_client():
     return boto3.session.Session().client("s3", region_name=region,
                                           config=Config(retries={"max_attempts": 3, "mode": "standard"},
                                                         max_pool_connections=32))
+
+
+def check_tls_beside_tensorflow(url: str) -> None:
+    """Refuse, with the fix, to hand ``s3://`` data to DALI in a process where TensorFlow was imported
+    before the system's libcrypto: TensorFlow's own TLS symbols then shadow it, and the first S3
+    reader DALI builds aborts the whole process (its AWS SDK's ``s2n_init() failed``: a libcrypto
+    of another major version). Preloading the system libcrypto (``LD_PRELOAD``) puts it first."""
+    import sys
+
+    if "tensorflow" not in sys.modules or "libcrypto" in os.environ.get("LD_PRELOAD", ""):
+        return
+    import ctypes.util
+
+    lib = ctypes.util.find_library("crypto") or "libcrypto.so.3"
+    raise DataError(f"{url}: DALI reads s3:// data through an AWS SDK that cannot start after TensorFlow is imported "
+                    f"(its TLS library would find TensorFlow's libcrypto and abort the process); start the process with "
+                    f"LD_PRELOAD={lib} (docs/object-stores.md#tensorflow)")
 
 
 def _endpoint(client) -> str:
@@ -247,6 +264,7 @@ def resolve_object_source(url: str, split: str, *, format: str = "auto", validat
     never written to disk)."""
     if format not in ("auto", *FORMATS):
         raise ValueError(f"format must be 'auto' or one of {FORMATS}, got {format!r}")
+    check_tls_beside_tensorflow(url)
     client, loc = s3_client(), ObjectLocation.parse(url)
     layout = _layout(client, loc)
     candidates = layout.candidates(split)

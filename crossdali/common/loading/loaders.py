@@ -153,6 +153,9 @@ def prepare_split(
     dist = dist or DistInfo()
     split = "train" if train else "val"
     source = data if source_type is not None and isinstance(data, source_type) else resolve(data, split)
+    if backend not in (*DALI_BACKENDS, "synthetic") and str(getattr(source, "root", "")).startswith("s3://"):
+        raise UsageError(f"the {backend!r} backend (--data-backend) reads local files, and {source.root} is in an object "
+                         f"store, which DALI reads: use {' or '.join(DALI_BACKENDS)} (docs/object-stores.md)")
     policy = choose_last_batch_policy(train=train, num_shards=dist.world_size, policy=last_batch)
     if policy not in policies:
         raise ValueError(f"last_batch={policy.name.lower()!r} is not supported here; use one of "
