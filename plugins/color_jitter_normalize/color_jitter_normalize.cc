@@ -17,10 +17,20 @@ void ColorJitterNormalize<dali::CPUBackend>::RunImpl(dali::Workspace &ws) {
       const uint8_t *in = input.tensor<uint8_t>(i);
       float *out = output.mutable_tensor<float>(i);
       const JitterParams &p = params_[i];
+      float table[kChannels][256];
+      for (int c = 0; c < kChannels; c++)
+        for (int v = 0; v < 256; v++)
+          table[c][v] = LevelsNormalize(p, v, c);
+      const int64_t plane = h * w, step = p.mirror ? -1 : 1;
       for (int64_t y = 0; y < h; y++) {
-        for (int64_t x = 0; x < w; x++) {
-          int64_t out_x = p.mirror ? w - 1 - x : x;
-          JitterPixel(p, in + (y * w + x) * kChannels, out + y * w + out_x, h * w);
+        const uint8_t *pixel = in + y * w * kChannels;
+        float *o = out + y * w + (p.mirror ? w - 1 : 0);
+        for (int64_t x = 0; x < w; x++, pixel += kChannels, o += step) {
+          uint8_t hsv[kChannels];
+          HsvPixel(p, pixel, hsv);
+          o[0] = table[0][hsv[0]];
+          o[plane] = table[1][hsv[1]];
+          o[2 * plane] = table[2][hsv[2]];
         }
       }
     }, h * w);

@@ -16,13 +16,22 @@ struct GpuSample {
 };
 
 __global__ void ColorJitterNormalizeKernel(const GpuSample *samples) {
-  const GpuSample s = samples[blockIdx.y];
+  const GpuSample &s = samples[blockIdx.y];
+  __shared__ float table[kChannels][256];  // brightness/contrast + normalisation of each uint8 value
+  for (int v = threadIdx.x; v < 256; v += blockDim.x)
+    for (int c = 0; c < kChannels; c++)
+      table[c][v] = LevelsNormalize(s.params, v, c);
+  __syncthreads();
   const int64_t plane = s.height * s.width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < plane;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t y = i / s.width, x = i - y * s.width;
     int64_t out_x = s.params.mirror ? s.width - 1 - x : x;
-    JitterPixel(s.params, s.in + i * kChannels, s.out + y * s.width + out_x, plane);
+    uint8_t hsv[kChannels];
+    HsvPixel(s.params, s.in + i * kChannels, hsv);
+    float *o = s.out + y * s.width + out_x;
+    for (int c = 0; c < kChannels; c++)
+      o[c * plane] = table[c][hsv[c]];
   }
 }
 

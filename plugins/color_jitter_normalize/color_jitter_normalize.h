@@ -58,15 +58,31 @@ inline JitterParams MakeJitterParams(float hue, float saturation, float brightne
   return p;
 }
 
-// One pixel: hsv, round, brightness/contrast, round, normalise. Host and device share it.
-DALI_HOST_DEV inline void JitterPixel(const JitterParams &p, const uint8_t *in, float *out, int64_t plane_stride) {
+// dali::ConvertSat<uint8_t>(x) on the CPU, clamp(std::round(x)) (halves away from zero), without a call to
+// round: for 0.5 <= x < 254.5, truncating x + 0.5f gives the same integer (checked for every such float).
+inline uint8_t RoundToUint8(float x) {
+  return x < 0.5f ? 0 : x >= 254.5f ? 255 : static_cast<uint8_t>(static_cast<int>(x + 0.5f));
+}
+
+// fn.hsv of one pixel, rounded to uint8 as fn.hsv rounds (on the GPU DALI rounds halves to even).
+DALI_HOST_DEV inline void HsvPixel(const JitterParams &p, const uint8_t *in, uint8_t out[kChannels]) {
   dali::vec3 rgb(in[0], in[1], in[2]);
   dali::vec3 twisted = p.hsv * rgb + dali::vec3(0.f);  // fn.hsv adds a zero offset (contrast 1)
   for (int c = 0; c < kChannels; c++) {
-    uint8_t h = dali::ConvertSat<uint8_t>(twisted[c]);
-    uint8_t bc = dali::ConvertSat<uint8_t>(h * p.multiplier + p.addend);
-    out[c * plane_stride] = (static_cast<float>(bc) - p.mean[c]) * p.inv_std[c];
+#ifdef __CUDA_ARCH__
+    out[c] = dali::ConvertSat<uint8_t>(twisted[c]);
+#else
+    out[c] = RoundToUint8(twisted[c]);
+#endif
   }
+}
+
+// fn.brightness_contrast (rounded to uint8) then fn.crop_mirror_normalize of channel c's value v after hsv.
+// Both depend on that uint8 value alone, so the operator tabulates them: 256 floats per channel and
+// sample, computed with the very expressions of DALI's operators, then one lookup per value.
+DALI_HOST_DEV inline float LevelsNormalize(const JitterParams &p, int v, int c) {
+  uint8_t levelled = dali::ConvertSat<uint8_t>(v * p.multiplier + p.addend);
+  return (static_cast<float>(levelled) - p.mean[c]) * p.inv_std[c];
 }
 
 template <typename Backend>
