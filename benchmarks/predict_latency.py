@@ -96,7 +96,7 @@ class PILPreprocess:
             rgb = img.convert("RGB")
         if not self.on_gpu:
             return self.preset(rgb)
-        hwc = torch.from_numpy(np.asarray(rgb)).to(self.device, non_blocking=True)
+        hwc = torch.from_numpy(np.array(rgb)).to(self.device, non_blocking=True)  # a writable copy for torch
         return self.preset(hwc.permute(2, 0, 1))
 
     def __call__(self, batch: list[bytes]) -> torch.Tensor:
