@@ -21,8 +21,8 @@
 #   tf_vs_torch                (needs TensorFlow staged)
 #   tune                       crossdali tune (60 s), then every configuration of its grid, in one call (about
 #                              8 minutes) -> tune.json
-#   object_store               the PyTorch loader from moto's S3 server on the loopback vs local disk (needs boto3 and
-#                              moto[server] importable: carried as wheels where there is no package index)
+#   object_store               --rounds 2: the PyTorch loader from moto's S3 server on the loopback vs local disk
+#                              (needs boto3 and moto[server] importable: wheels carried where there is no index)
 #   soak                       --minutes 8: memory over the PyTorch script's default command (30 minutes by
 #                              default, more than one 10-minute call) -> soak.json
 #   all                        every phase above in this order: refreshes OUT (about an hour on one GPU)
@@ -113,7 +113,7 @@ run_phase() {
       else sample_sets; bench multi_gpu multi_gpu 580 --gpus 1,2 --launchers torchrun; fi ;;
     tf_vs_torch) has tensorflow "$1" && { sample_sets; bench tf_vs_torch tf_vs_torch 420; } ;;
     tune) sample_sets; bench tune tune 590 ;;
-    object_store) has moto "$1" && has boto3 "$1" && { sample_sets; bench object_store object_store 580; } ;;
+    object_store) has moto "$1" && has boto3 "$1" && { sample_sets; bench object_store object_store 580 --rounds 2; } ;;
     soak) sample_sets; bench soak soak 590 --minutes 8 ;;
   esac
 }
