@@ -75,7 +75,7 @@ def plot(report: dict, png: Path) -> Path | None:
         colors.append(backend_color(report["backend"]) if row["tuned"] else "#bbbbbb")
     share = report["tuned_share"]["of_medians"]
     return bar_png(png, names, values, labels=labels, colors=colors, width=11, xlabel="images/s (median of the rounds)",
-                   title=f"crossdali tune on {report['gpu'] or report['cpu']}: tuned = {share:.1%} of the best "
+                   title=f"crossdali tune on {report['gpu'] or report['cpu']}: tuned = {share:.1%} of the best\n"
                          f"of {report['sweep']['configs']} configurations ({report['backend']}, batch "
                          f"{report['batch_size']}, {report['crop_size']} px)")
 
