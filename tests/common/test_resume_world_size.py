@@ -11,6 +11,7 @@ torchrun with two. Labels are sample indices, so a batch's labels say which samp
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -111,9 +112,8 @@ def test_checkpoint_on_n_ranks_resumes_on_m_ranks_every_sample_once(indexed_val_
 
     nxt = _steps(second, [iter(x) for x in second])  # the next epoch, whole, on the new ranks
     assert sorted(_flat(nxt)) == list(range(55))
-    assert [sorted(sum(s, [])) for s in nxt] == [sorted(perm1[i:i + resumed * BATCH]) for perm1 in
-                                                  [epoch_permutation(55, seed=SEED, epoch=1).tolist()]
-                                                  for i in range(0, 55, resumed * BATCH)]
+    perm1, step = epoch_permutation(55, seed=SEED, epoch=1).tolist(), resumed * BATCH
+    assert [sorted(sum(s, [])) for s in nxt] == [sorted(perm1[i:i + step]) for i in range(0, 55, step)]
 
 
 def test_drop_last_resume_reads_no_sample_twice(indexed_val_source):
@@ -167,6 +167,11 @@ def test_mismatched_states_are_refused_with_the_fix(indexed_val_source):
     two = _loaders(indexed_val_source, 2)
     with pytest.raises(ValueError, match="all 2 ranks"):
         ordered.resume_from_ranks([two[0].state_dict()])
+    with pytest.raises(UsageError, match="the 'native' backend"):
+        create_classification_loader(indexed_val_source, train=True, backend="native", global_order=True)
+    with pytest.raises(UsageError, match="drop --pipelines 2"):
+        create_classification_loader(indexed_val_source, train=True, backend="dali-cpu", batch_size=4, crop_size=32,
+                                     workers=1, pipelines=2, global_order=True)
 
 
 # --- the training script: one process stopped mid-epoch, resumed by two under torchrun -------------------
@@ -217,3 +222,10 @@ def test_training_script_stopped_on_one_process_resumes_on_two(tmp_path, indexed
     assert [len(b) for b in before] == [8] * 4 and [len(a) for a in after] == [2, 2]
     read = [i for b in before for i in b] + [i for rank in after for b in rank for i in b]
     assert sorted(read) == list(range(64))  # every sample of the epoch exactly once
+    # the schedule goes on at the same point of the epoch: cosine over 4 steps of the new global batch 16, whose
+    # rate is --lr 0.05 scaled from a global batch of 256, at steps 2 and 3 (counted from 0)
+    from crossdali.common.scripts.metrics import latest_records, read_metrics
+
+    lrs = [r["lr"] for r in latest_records(read_metrics(out), "step") if r["step"] > 2]
+    base = 0.05 * 16 / 256
+    assert lrs == pytest.approx([base * 0.5 * (1 + math.cos(math.pi * s / 4)) for s in (2, 3)])
