@@ -16,8 +16,11 @@ from crossdali.common.scripts.defaults import resolve_defaults
 from crossdali.common.scripts.script_parsers import PARSERS
 from crossdali.common.tune import (
     KNOBS,
+    Grid,
+    Machine,
     TuneResult,
     TuneSettings,
+    default_grid,
     default_settings,
     detect_machine,
     read_tune,
@@ -65,6 +68,17 @@ def test_tune_measures_within_the_budget_and_writes_the_file(tmp_path, data_root
     # never slower than the defaults by the search's own measurements: a change needs a 3 % win
     if content["settings"] != content["defaults"]:
         assert content["images_per_s"] > content["defaults_images_per_s"] * 1.03
+
+
+def test_the_grid_starts_from_the_defaults_and_stays_small():
+    gpu = Machine(gpu="NVIDIA H200", hardware_jpeg_decoder=True, cpus=16)
+    assert default_settings("dali-gpu", gpu) == TuneSettings(workers=15, hw_decoder_load=1.0, pipelines=1, prefetch=2)
+    grid = default_grid("dali-gpu", gpu, 256)
+    assert grid == Grid(workers=(4, 8, 12, 15), hw_decoder_load=(1.0, 0.8, 0.6), pipelines=(1, 2, 4), prefetch=(1, 2, 3))
+    assert grid.size() == len(list(grid.configs())) == 108  # the benchmark's exhaustive sweep: minutes, not hours
+    cpu = Machine(gpu=None, hardware_jpeg_decoder=False, cpus=2)
+    assert default_grid("dali-cpu", cpu, 30) == Grid(workers=(1, 2, 4), hw_decoder_load=(1.0,), pipelines=(1, 2),
+                                                     prefetch=(1, 2, 3))
 
 
 def _write(cache, monkeypatch, data, settings: TuneSettings, *, batch: int, crop: int, backend: str = "dali-cpu"):
@@ -131,3 +145,18 @@ def test_a_mistake_is_one_line_and_exit_2(argv, words, tmp_path, data_root, tiny
     assert proc.stderr.startswith("crossdali tune: error: ") and words in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "tune").exists()
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_on_the_cpu(tmp_path, data_root, tiny_classification, repo_root):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.tune", "--cpu", "--smoke", "--out", str(tmp_path)],
+                          env=_env(tmp_path / "cache", data_root), cwd=repo_root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "tune_cpu.json").read_text())
+    assert report["backend"] == "dali-cpu" and report["gpu"] is None and report["cpu"]
+    assert report["sweep"]["complete"] and report["sweep"]["configs"] == report["sweep"]["of"] == 27
+    tuned = [r for r in report["rounds"]["configs"] if r["tuned"]]
+    assert len(tuned) == 1 and [r for r in report["rounds"]["configs"] if r["defaults"]]
+    assert 0 < report["tuned_share"]["of_medians"] <= 1 and report["tuned_share"]["rounds"] == 2
+    assert not (tmp_path / "cache" / "tune").exists()  # the benchmark writes no tune file
