@@ -208,7 +208,7 @@ def measure(source, settings: TuneSettings, *, backend: str, batch_size: int, cr
 
     t0 = time.perf_counter()
     options = pipeline_options(backend, batch_size=batch_size, device_id=device_id, workers=settings.workers,
-                               hw_decoder_load=settings.hw_decoder_load, checkpointing=False,
+                               hw_decoder_load=settings.hw_decoder_load, checkpointing=True,  # as the train loaders
                                prefetch_queue_depth=settings.prefetch)
     transform = ClassificationTransform(crop_size=crop_size)
     pipes = [create_classification_pipeline(source, train=True, options=o, transform=transform)
