@@ -160,3 +160,19 @@ def test_the_benchmark_runs_on_the_cpu(tmp_path, data_root, tiny_classification,
     assert len(tuned) == 1 and [r for r in report["rounds"]["configs"] if r["defaults"]]
     assert 0 < report["tuned_share"]["of_medians"] <= 1 and report["tuned_share"]["rounds"] == 2
     assert not (tmp_path / "cache" / "tune").exists()  # the benchmark writes no tune file
+
+
+@pytest.mark.gpu
+def test_tune_on_a_gpu_searches_the_decoder_share_within_the_budget(tmp_path, data_root, tiny_classification):
+    machine = detect_machine()
+    if machine.gpu is None:
+        pytest.skip("no GPU visible (nvidia-smi lists none)")
+    budget = 20.0
+    proc = _tune("--data", str(tiny_classification / "imagefolder"), "--data-backend", "dali-gpu", "-b", "64",
+                 "--crop-size", "64", "--budget", str(budget), env=_env(tmp_path, data_root))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    content = json.loads(next((tmp_path / "tune").glob("*.json")).read_text())
+    assert content["key"]["backend"] == "dali-gpu" and content["key"]["gpu"] == machine.gpu
+    assert content["seconds"] <= budget + 5.0
+    if machine.hardware_jpeg_decoder:
+        assert any(t["hw_decoder_load"] != 1.0 for t in content["trials"]), proc.stdout
