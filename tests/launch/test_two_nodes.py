@@ -1,8 +1,10 @@
 """Two nodes on one host: four ranks whose local rank is not their global rank.
 
 ``torchrun --nnodes 2 --nproc_per_node 2`` runs as two node processes that meet through a c10d
-rendezvous on the loopback, and the same job runs again as the 4 processes ``srun`` starts for
-2 nodes x 2 tasks, with its variables (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ...). One node
+rendezvous on the loopback; the same job runs again as the 4 processes ``srun`` starts for
+2 nodes x 2 tasks, with its variables (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ...), and
+under ``horovodrun --gloo -np 4 -H localhost:2,127.0.0.1:2`` (two host entries for this one machine;
+``nox -s tests-pytorch`` builds Horovod, elsewhere that case skips). One node
 hides the classic bug of sharding by the local rank (DALI's ResNet-50 example): there the local
 rank is the global rank. Here ranks 2 and 3 have local ranks 0 and 1, so such a job would read
 node 0's shards twice and never read the rest.
@@ -22,6 +24,7 @@ Several real hosts are not available to CI: this loopback form is how multi-node
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -48,6 +51,9 @@ TRAIN = ["-m", "crossdali.pytorch.train_classification", "--arch", "small_cnn", 
 PLACEMENT = re.compile(r"rank (\d+) of (\d+) \(local rank (\d+)\): DALI shard (\d+) of (\d+) on .*GPU (\d+)")
 # torchrun's prefix of each worker's output lines: "<global rank>:<local rank>| "
 PREFIX = re.compile(r"^(\d+):(\d+)\| (.*)$")
+# horovodrun's prefix: "[<rank>]<stdout>:" or "[<rank>]<stderr>:"
+HOROVOD_PREFIX = re.compile(r"^\[(\d+)\]<std(?:out|err)>:(.*)$")
+HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 
 def _free_port() -> int:
@@ -119,6 +125,23 @@ def _slurm_two_nodes(args: list[str], *, data_root: Path) -> dict[int, list[str]
     return dict(enumerate(out.splitlines() for out in _wait_all(procs, "Slurm, 2 nodes x 2 tasks")))
 
 
+def _horovodrun_two_hosts(args: list[str], *, data_root: Path) -> dict[int, list[str]]:
+    """``horovodrun --gloo -np 4 -H localhost:2,127.0.0.1:2``: two host entries for this one machine, so
+    Horovod numbers the local ranks per host; returns each rank's output lines."""
+    if importlib.util.find_spec("horovod") is None or not HOROVODRUN.exists():
+        if os.environ.get("CROSSDALI_REQUIRE_HOROVOD") == "1":
+            pytest.fail("CROSSDALI_REQUIRE_HOROVOD=1 but Horovod is not installed: run scripts/install-horovod")
+        pytest.skip("Horovod is not installed in this environment: scripts/install-horovod (a full nox -s tests-pytorch)")
+    command = [str(HOROVODRUN), "--gloo", "-np", str(WORLD), "-H", f"localhost:{PER_NODE},127.0.0.1:{PER_NODE}",
+               sys.executable, *args]
+    (out,) = _wait_all([subprocess.Popen(command, env=_env(data_root), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True)], "horovodrun, 2 host entries")
+    lines: dict[int, list[str]] = {r: [] for r in range(WORLD)}
+    for m in filter(None, map(HOROVOD_PREFIX.match, out.splitlines())):
+        lines[int(m[1])].append(m[2])
+    return lines
+
+
 def _placements(lines: dict[int, list[str]]) -> dict[int, set[tuple[int, ...]]]:
     """rank -> the (rank, world, local rank, shard, shards, GPU) of each DALI pipeline it logged."""
     return {rank: {tuple(int(g) for g in m.groups()) for m in map(PLACEMENT.search, out) if m}
@@ -150,7 +173,7 @@ def index_lists(tiny_classification, tmp_path_factory) -> tuple[Path, dict[str, 
     return data, _file_lists(tiny_classification, data)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
+@pytest.mark.parametrize("launcher", ["torchrun", "slurm", "horovodrun"])
 def test_four_ranks_on_two_nodes_read_every_sample_once(tmp_path, data_root, index_lists, assert_epoch_coverage,
                                                         launcher):
     data, sizes = index_lists
@@ -158,13 +181,14 @@ def test_four_ranks_on_two_nodes_read_every_sample_once(tmp_path, data_root, ind
     probe = [str(Path(__file__)), str(data), str(tmp_path)]
     if launcher == "torchrun":
         lines = _torchrun_two_nodes(probe, tmp=tmp_path, data_root=data_root)
-    else:
+    elif launcher == "slurm":
         lines = _slurm_two_nodes(probe, data_root=data_root)
+    else:
+        lines = _horovodrun_two_hosts(probe, data_root=data_root)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
-    expected_launcher = "torchrun" if launcher == "torchrun" else "slurm"
-    assert [r["dist"] for r in ranks] == [[r, WORLD, r % PER_NODE, expected_launcher] for r in range(WORLD)]
-    assert [r["engine"] for r in ranks] == ["ddp"] * WORLD
+    assert [r["dist"] for r in ranks] == [[r, WORLD, r % PER_NODE, launcher] for r in range(WORLD)]
+    assert [r["engine"] for r in ranks] == ["horovod" if launcher == "horovodrun" else "ddp"] * WORLD
     for split in ("train", "val"):
         for epoch in range(len(ranks[0][split])):
             assert_epoch_coverage([r[split][epoch] for r in ranks], sizes[split])
