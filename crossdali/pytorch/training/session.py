@@ -76,8 +76,13 @@ def agree_run_dir(runtime: Runtime, run_dir: Path) -> Path:
 
 
 def build_on_rank0(runtime: Runtime, build: Callable[[], T]) -> T:
-    """``build()`` on rank 0 first (e.g. the sample set), the other ranks after it finished."""
+    """``build()`` on rank 0 first (e.g. the sample set), then on the first rank of each other node (where a
+    node does not share rank 0's disk it builds its own copy, one process per node, never two into one
+    folder), then on the other ranks (by then a no-op that finds what was built)."""
     if runtime.dist.is_main:
+        build()
+    runtime.barrier()
+    if runtime.dist.local_rank == 0 and not runtime.dist.is_main:
         build()
     runtime.barrier()
     return build()
