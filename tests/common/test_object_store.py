@@ -17,7 +17,8 @@ pytest.importorskip("moto")
 pytest.importorskip("boto3")
 
 from crossdali.common.classification import ClassificationTransform, create_classification_pipeline  # noqa: E402
-from crossdali.common.data.object_store import ObjectLocation, data_location, is_object_url  # noqa: E402
+from crossdali.common.data.check.core import CheckSettings  # noqa: E402
+from crossdali.common.data.object_store import ObjectLocation, check_object_source, data_location, is_object_url  # noqa: E402
 from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.errors import DataError  # noqa: E402
 from crossdali.common.options import PipelineOptions  # noqa: E402
@@ -87,6 +88,8 @@ def test_the_fast_check_finds_a_bad_object(s3_dataset, tmp_path):
     bad_url = upload_folder(endpoint, bad, "crossdali-tests", "broken")
     with pytest.raises(DataError, match=r"broken/val/b/\S+ cannot be decoded"):
         resolve_source(bad_url, "val")
+    problems, total = check_object_source(resolve_source(bad_url, "val", validate=False), settings=CheckSettings())
+    assert total == 6 and [p.sample for p in problems] == ["val/b/0001.jpg"]  # the id an exclusion list takes
     assert resolve_source(bad_url, "val", validate=False).num_samples == 6
 
 

@@ -431,7 +431,8 @@ def _objects_of(client, urls: list[str]) -> dict[str, _Object]:
 
 
 def _check_images(client, source, settings: CheckSettings) -> list[Problem]:
-    root = str(source.root)
+    # sample ids relative to the dataset, as for a local folder: an ImageFolder's root is its split
+    root = str(source.root).rsplit("/", 1)[0] if source.format == "imagefolder" else str(source.root)
     cache = settings.cache(f"s3files:{root}")
     objects = _objects_of(client, list(source.files))
     infos = {}
