@@ -44,7 +44,10 @@ ENGINES = ("auto", "eager", "pipeline")
 
 #: ``auto``: runs of up to this many images take the eager engine, larger ones the pipeline. Per device,
 #: where the latency benchmark (docs/benchmarks.md#inference) found eager no slower than the pipeline.
-EAGER_MAX_IMAGES = {"cpu": 8, "gpu": 8}
+#: 0 on the GPU: there DALI's eager decoder can pick another JPEG backend than the pipeline's for a run,
+#: and the pixels then differ by up to one uint8 level (docs/inference.md#engines-eager-dalis-dynamic-mode-and-the-pipeline),
+#: so ``auto`` keeps the pipeline's bits; ``engine="eager"`` is a choice to make knowingly.
+EAGER_MAX_IMAGES = {"cpu": 8, "gpu": 0}
 
 #: Whether a new eager engine gives its first result sooner than a new pipeline (the latency benchmark's cold
 #: start: eager's includes importing DALI's dynamic mode, the pipeline's its build). ``auto`` in a process that

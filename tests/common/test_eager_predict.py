@@ -18,7 +18,7 @@ torchvision = pytest.importorskip("torchvision")
 
 from PIL import Image  # noqa: E402
 
-from crossdali.common.classification import ClassificationTransform  # noqa: E402
+from crossdali.common.classification import IMAGENET_STD, ClassificationTransform  # noqa: E402
 from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.eager import EagerPreprocessor, val_geometry  # noqa: E402
 from crossdali.common.errors import DataError  # noqa: E402
@@ -155,8 +155,10 @@ def test_predict_command_engines_print_the_same(model, tiny_classification, tmp_
 
 
 @pytest.mark.gpu
-def test_eager_on_the_gpu_gives_the_gpu_pipelines_bits(model, encoded):
-    """DALI's GPU decoder (hardware JPEG decoder share as the pipeline's) in both engines, same bits."""
+def test_eager_on_the_gpu_is_within_one_level_of_the_gpu_pipeline(model, encoded):
+    """DALI's GPU decoder (hardware JPEG decoder share as the pipeline's) in both engines: runs of a few
+    images give the same bits; larger ones may be decoded by another JPEG backend in eager mode, up to one
+    uint8 level apart (why ``auto`` keeps the pipeline on the GPU); the predictions agree."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     eager, pipeline = _predictor(model, "eager", "cuda"), _predictor(model, "pipeline", "cuda")
@@ -165,7 +167,8 @@ def test_eager_on_the_gpu_gives_the_gpu_pipelines_bits(model, encoded):
         batch = images[start:start + size]
         a, b = eager.preprocess(batch), pipeline.preprocess(batch)
         assert a.device == b.device == torch.device("cuda", torch.cuda.current_device())
-        assert torch.equal(a, b), (start, size, (a - b).abs().max().item())
+        one_level = 1 / min(IMAGENET_STD) + 1e-6  # one uint8 step, normalised (std on the 0-255 scale)
+        assert torch.equal(a, b) if size == 1 else (a - b).abs().max().item() <= one_level, (start, size)
     assert [p.top[0][0] for p in eager.predict(images[:4])] == [p.top[0][0] for p in pipeline.predict(images[:4])]
 
 
