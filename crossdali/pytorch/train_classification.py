@@ -119,6 +119,8 @@ def load_data(args, runtime: Runtime, backend: str):
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank,
                   dtype="float32", hw_decoder_load=args.hw_decoder_load)
+    if getattr(args, "prefetch_queue_depth", None) is not None:  # from crossdali tune (resolve_defaults)
+        common["prefetch_queue_depth"] = args.prefetch_queue_depth
     # NCHW batches, copied to channels-last on the GPU each step under --channels-last, not the loaders'
     # channels_last view of DALI's NHWC output: the view trained ResNet-50 no faster, and somewhat slower
     # in side-by-side runs (docs/benchmarks.md#training-speed)

@@ -99,14 +99,14 @@ def test_an_explicit_flag_wins_over_the_tune_file(tmp_path, monkeypatch, tiny_cl
 
     taken = parser.parse_args(argv)
     resolved = resolve_defaults(taken, cuda=False, argv=argv)
-    assert (taken.workers, taken.pipelines, resolved.tuned, resolved.tune_file) == (3, 2, ("workers", "pipelines"),
-                                                                                    str(path))
-    assert f"-j 3 (tuned); workers, pipelines from crossdali tune: {path}" in resolved.line()
+    assert (taken.workers, taken.pipelines, taken.prefetch_queue_depth, resolved.tuned, resolved.tune_file) == \
+        (3, 2, 3, ("workers", "pipelines", "prefetch_queue_depth"), str(path))
+    assert f"-j 3 (tuned); workers, pipelines, prefetch_queue_depth from crossdali tune: {path}" in resolved.line()
 
     explicit = [*argv, "-j", "2", "--pipelines", "1"]
     given = parser.parse_args(explicit)
     resolved = resolve_defaults(given, cuda=False, argv=explicit)
-    assert (given.workers, given.pipelines, resolved.tuned) == (2, 1, ())
+    assert (given.workers, given.pipelines, resolved.tuned) == (2, 1, ("prefetch_queue_depth",))  # no flag for it
     assert resolved.record()["tune_file"] == str(path) and "workers" not in resolved.auto
 
 
@@ -124,11 +124,11 @@ def test_a_training_run_takes_the_tuned_values_and_says_so(tmp_path, monkeypatch
                            "--epochs", "1", "--print-freq", "0", "--skip-check", "--output-dir", str(out)],
                           env=_env(tmp_path / "cache", data_root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"-j 3 (tuned); workers, pipelines from crossdali tune: {path}" in proc.stderr
+    assert f"-j 3 (tuned); workers, pipelines, prefetch_queue_depth from crossdali tune: {path}" in proc.stderr
     assert "1 shard(s) x 2 pipelines" in proc.stderr
     start, = [r for r in read_metrics(out) if r["event"] == "start"]
     assert (start["workers"], start["pipelines"], start["tune_file"], start["tuned"]) == \
-        (3, 2, str(path), ["workers", "pipelines"])
+        (3, 2, str(path), ["workers", "pipelines", "prefetch_queue_depth"])
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -164,7 +164,8 @@ def resolve_defaults(args: argparse.Namespace, *, cuda: bool, world_size: int = 
     Where ``crossdali tune`` wrote a file for ``args.data`` (a local folder), the backend (``auto``: dali-gpu
     where a CUDA GPU trains, else dali-cpu), ``args.batch_size`` and ``args.crop_size`` on this machine, its
     thread count fills ``workers`` when None (divided among this node's processes), and its hardware-decoder
-    share (dali-gpu) and pipelines replace ``args.hw_decoder_load`` / ``args.pipelines`` unless ``argv`` gives them.
+    share (dali-gpu) and pipelines replace ``args.hw_decoder_load`` / ``args.pipelines`` unless ``argv`` gives them,
+    and its prefetch depth becomes ``args.prefetch_queue_depth`` (the PyTorch script passes it to its loaders).
     """
     auto = []
     if getattr(args, "amp", None) is None:
@@ -200,6 +201,8 @@ def resolve_defaults(args: argparse.Namespace, *, cuda: bool, world_size: int = 
                 continue
             setattr(args, name, getattr(found[1], name))
             tuned.append(name)
+        args.prefetch_queue_depth = found[1].prefetch  # no flag: the tuned depth, else the loaders' default
+        tuned.append("prefetch_queue_depth")
     global_batch = args.batch_size * world_size
     resolved = ResolvedDefaults(cuda=cuda, amp=bool(args.amp), memory_format=memory_format, batch_size=args.batch_size,
                                 workers=args.workers, lr=args.lr * global_batch / reference_batch,
