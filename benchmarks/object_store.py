@@ -66,21 +66,22 @@ def _free_port() -> int:
 
 
 @contextmanager
-def moto_server():
-    """moto's S3 server in its own process on a free loopback port (a thread of this process could
-    not answer DALI, which opens its objects while building a pipeline with Python's lock held)."""
+def moto_server(timeout: float = 60.0):
+    """moto's S3 server in its own process on a free loopback port; yields its endpoint URL and stops it after
+    (also the tests' server: tests/common/s3_server.py). Its own process: a thread of this process could not
+    answer DALI, which opens its objects while building a pipeline with Python's lock held."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's server did not start on port {port}") from None
+                    raise RuntimeError(f"moto's server did not start on port {port} (exit code {proc.poll()})") from None
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -10,47 +10,17 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from benchmarks.object_store import moto_server  # the benchmark's loopback server, one definition
 
 #: What the tests put in the AWS variables: never real credentials. The secret is what the
 #: "never logged" test looks for in every output.
 ACCESS_KEY = "crossdali-test-key"
 SECRET_KEY = "crossdali-test-secret-3f9a1c"
 REGION = "us-east-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def moto_server(timeout: float = 60.0) -> Iterator[str]:
-    """moto's S3 server on a free loopback port; yields its endpoint URL and stops it after."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's server did not start on port {port} (exit code {proc.poll()})") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def aws_env(endpoint: str) -> dict[str, str]:
