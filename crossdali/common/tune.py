@@ -22,9 +22,7 @@ not give (docs/tuning.md).
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +30,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from crossdali.common.errors import UsageError
+from crossdali.common.scripts.tune_files import (
+    KNOBS,
+    TUNE_VERSION,
+    Machine,
+    TuneSettings,
+    detect_machine,
+    read_tune,
+    tune_dir,
+    tune_file,
+    tune_key,
+)
 
 __all__ = ["NOISE_MARGIN", "TUNE_VERSION", "KNOBS", "TuneSettings", "Grid", "Trial", "TuneResult", "Machine",
            "detect_machine", "default_settings", "default_grid", "tune_dir", "tune_key", "tune_file", "read_tune",
@@ -39,32 +48,7 @@ __all__ = ["NOISE_MARGIN", "TUNE_VERSION", "KNOBS", "TuneSettings", "Grid", "Tri
 
 #: a candidate must beat the best so far by more than this share of its rate to replace it
 NOISE_MARGIN = 0.03
-#: bumped whenever what a tune file means changes (older files are then ignored)
-TUNE_VERSION = 1
-#: the settings searched, in the order the coordinate search visits them
-KNOBS = ("workers", "hw_decoder_load", "pipelines", "prefetch")
 
-
-@dataclass(frozen=True)
-class TuneSettings:
-    """One configuration of the loader: what a trial measures and what a tune file holds."""
-
-    workers: int  #: DALI CPU threads per pipeline (``-j``)
-    hw_decoder_load: float  #: share of JPEGs for the GPU's hardware JPEG decoder (``--hw-decoder-load``)
-    pipelines: int  #: DALI pipelines per process (``--pipelines``)
-    prefetch: int  #: DALI's ``prefetch_queue_depth``
-
-    def label(self) -> str:
-        return f"-j {self.workers}, hw {self.hw_decoder_load:g}, pipelines {self.pipelines}, prefetch {self.prefetch}"
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What a tune file is valid for besides the dataset: the GPU model (None: no GPU) and the usable CPUs."""
-
-    gpu: str | None
-    hardware_jpeg_decoder: bool
-    cpus: int
 
 
 @dataclass(frozen=True)
@@ -117,19 +101,6 @@ class TuneResult:
         return self.best_images_per_s / self.defaults_images_per_s if self.defaults_images_per_s else 1.0
 
 
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def detect_machine() -> Machine:
-    """GPU 0's model (``nvidia-smi``, no framework imported) and the CPUs this process may use."""
-    from crossdali.common.scripts.info import detect_gpus
-
-    gpus = detect_gpus()
-    return Machine(gpu=gpus[0].name if gpus else None, hardware_jpeg_decoder=bool(gpus and gpus[0].hardware_jpeg_decoder),
-                   cpus=_cpus())
-
-
 def default_settings(backend: str, machine: Machine) -> TuneSettings:
     """What a training script uses today without flags: ``-j`` from the machine (``default_workers``; on a
     GPU machine the CUDA rule), the hardware decoder for every JPEG, one pipeline, DALI's prefetch of 2."""
@@ -151,41 +122,6 @@ def default_grid(backend: str, machine: Machine, batch_size: int) -> Grid:
     hw = (1.0, 0.8, 0.6) if backend == "dali-gpu" and machine.hardware_jpeg_decoder else (base.hw_decoder_load,)
     pipelines = tuple(p for p in (1, 2, 4) if batch_size % p == 0 and batch_size // p >= 1)
     return Grid(workers=tuple(workers), hw_decoder_load=hw, pipelines=pipelines, prefetch=(1, 2, 3))
-
-
-def tune_dir() -> Path:
-    """``$CROSSDALI_CACHE/tune``, default ``~/.cache/crossdali/tune``."""
-    env = os.environ.get("CROSSDALI_CACHE")
-    return (Path(env) if env else Path.home() / ".cache" / "crossdali") / "tune"
-
-
-def tune_key(data: Path | str, backend: str, batch_size: int, crop_size: int, machine: Machine) -> dict:
-    """What a tune file is for: the resolved data path, backend, batch, crop, GPU model and CPU count."""
-    return {"data": str(Path(data).resolve()), "backend": backend, "batch_size": int(batch_size),
-            "crop_size": int(crop_size), "gpu": machine.gpu, "cpus": machine.cpus}
-
-
-def tune_file(key: dict) -> Path:
-    """The file of ``key`` under ``tune_dir``: a hash of the key, so one file per dataset and machine setting."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return tune_dir() / f"{digest}.json"
-
-
-def read_tune(data: Path | str, backend: str, batch_size: int, crop_size: int,
-              machine: Machine | None = None) -> tuple[Path, TuneSettings] | None:
-    """The tuned settings for this key and their file, or None where ``crossdali tune`` has not written
-    any (or the file is unreadable, of another version, or for another key)."""
-    if not tune_dir().is_dir():
-        return None  # nothing tuned on this machine: no nvidia-smi call
-    key = tune_key(data, backend, batch_size, crop_size, machine or detect_machine())
-    path = tune_file(key)
-    try:
-        content = json.loads(path.read_text())
-        if content.get("version") != TUNE_VERSION or content.get("key") != key:
-            return None
-        return path, TuneSettings(**{k: content["settings"][k] for k in KNOBS})
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _train_source(data: Path):

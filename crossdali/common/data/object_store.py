@@ -35,9 +35,9 @@ from pathlib import Path
 from crossdali.common.data.check import records as rec_io
 from crossdali.common.data.check.cache import default_cache_dir
 from crossdali.common.data.check.core import CheckSettings, Problem, _problem, _size_problem, problems_error
-from crossdali.common.data.check.exclude import Exclusions, load_exclusions
+from crossdali.common.data.check.exclude import Exclusions, apply_exclusions, load_exclusions
 from crossdali.common.data.check.images import inspect_image
-from crossdali.common.data.formats import FORMATS, IMAGE_EXTENSIONS
+from crossdali.common.data.formats import FORMATS, IMAGE_EXTENSIONS, DataSource
 from crossdali.common.errors import DataError
 
 __all__ = ["SCHEMES", "is_object_url", "data_location", "ObjectLocation", "s3_client", "resolve_object_source",
@@ -198,12 +198,6 @@ def _cached_index(client, loc: ObjectLocation, obj: _Object) -> Path:
     return path
 
 
-def _excluded(files: list[str], labels: list[int], exclusions: Exclusions, where: str) -> tuple[list[str], list[int]]:
-    from crossdali.common.data.sources import _excluded as local_excluded
-
-    return local_excluded(files, labels, exclusions, where)
-
-
 # --------------------------------------------------------------------------------------------
 # Finding a split
 # --------------------------------------------------------------------------------------------
@@ -294,8 +288,6 @@ def resolve_object_source(url: str, split: str, *, format: str = "auto", validat
 
 
 def _image_folder(client, loc: ObjectLocation, split: str, exclusions: Exclusions):
-    from crossdali.common.data.sources import DataSource
-
     base = loc.key(split) + "/"
     objects, _ = _list(client, loc, base)
     by_class: dict[str, list[str]] = {}
@@ -318,14 +310,12 @@ def _image_folder(client, loc: ObjectLocation, split: str, exclusions: Exclusion
                             "remove it or add images: an empty class would shift the labels of the classes after it")
         files += [f"{root}/{cls}/{n}" for n in names]
         labels += [label] * len(names)
-    files, labels = _excluded(files, labels, exclusions, root)
+    files, labels = apply_exclusions(files, labels, exclusions, root)
     return DataSource(format="imagefolder", root=root, files=tuple(files), labels=tuple(labels),
                       classes=tuple(classes), num_samples=len(files))
 
 
 def _file_list(client, loc: ObjectLocation, listing: _Object, exclusions: Exclusions):
-    from crossdali.common.data.sources import DataSource
-
     list_url = loc.url(listing.key)
     files, labels, lines, keys = [], [], {}, []
     text = _get(client, loc, listing.key).decode("utf-8", errors="replace")
@@ -342,7 +332,7 @@ def _file_list(client, loc: ObjectLocation, listing: _Object, exclusions: Exclus
         lines.setdefault(files[-1], lineno)
     if not files:
         raise DataError(f"file list {list_url} lists no images")
-    files, labels = _excluded(files, labels, exclusions, list_url)
+    files, labels = apply_exclusions(files, labels, exclusions, list_url)
     present = {o.key for o in _list(client, loc, loc.key() + "/" if loc.prefix else "")[0]}
     missing = [f for f in files if f[len(loc.url()) + 1:] not in present]
     if missing:
@@ -353,8 +343,6 @@ def _file_list(client, loc: ObjectLocation, listing: _Object, exclusions: Exclus
 
 
 def _records(client, loc: ObjectLocation, fmt: str, records: list[_Object], layout: _Layout, exclusions: Exclusions):
-    from crossdali.common.data.sources import DataSource
-
     top = loc.key() + "/" if loc.prefix else ""
     paths, index_paths, n, dropped = [], [], 0, 0
     for rec in records:

@@ -15,7 +15,6 @@ import re
 import shlex
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from crossdali.common.data.check import records as rec_io
@@ -28,8 +27,8 @@ from crossdali.common.data.check.core import (
     resolve_device,
 )
 from crossdali.common.data.check.decode import describe_dali_error
-from crossdali.common.data.check.exclude import Exclusions, load_exclusions
-from crossdali.common.data.formats import FORMATS, IMAGE_EXTENSIONS
+from crossdali.common.data.check.exclude import Exclusions, apply_exclusions, load_exclusions
+from crossdali.common.data.formats import FORMATS, IMAGE_EXTENSIONS, DataSource
 from crossdali.common.data.object_store import is_object_url, resolve_object_source
 from crossdali.common.errors import DataError
 
@@ -59,28 +58,6 @@ _DECODABLE_MAGIC = {
     b"\xffO\xffQ": "JPEG 2000",
 }
 _UNSUPPORTED_MAGIC = {b"GIF87a": "GIF", b"GIF89a": "GIF", b"%PDF": "PDF", b"<": "HTML/XML text"}
-
-@dataclass(frozen=True)
-class DataSource:
-    """One split of a dataset, ready for a reader.
-
-    ``files``/``labels`` are set for ``imagefolder`` and ``filelist``; ``paths``/``index_paths``
-    for ``tfrecord``, ``recordio`` and ``webdataset``. ``classes`` is known for ImageFolders only.
-    """
-
-    format: str
-    root: Path
-    files: tuple[str, ...] = ()
-    labels: tuple[int, ...] = ()
-    paths: tuple[str, ...] = ()
-    index_paths: tuple[str, ...] = ()
-    classes: tuple[str, ...] = ()
-    num_samples: int = 0
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes) if self.classes else (max(self.labels) + 1 if self.labels else 0)
-
 
 def _sniff(path: str) -> str | None:
     """The format named by the file's first bytes; ``None`` if DALI can decode it."""
@@ -127,17 +104,6 @@ def validate_files(files: list[str] | tuple[str, ...], *, root: Path | str | Non
     error = problems_error(problems, where=where, total=len(files), data_hint=data_hint)
     if error is not None:
         raise error
-
-
-def _excluded(files: list[str], labels: list[int], exclusions: Exclusions, where: str) -> tuple[list[str], list[int]]:
-    if not exclusions:
-        return files, labels
-    keep = [i for i, f in enumerate(files) if not exclusions.excludes_file(f)]
-    n = len(files) - len(keep)
-    log.warning("%s: excluded %d of %d samples listed in %s", where, n, len(files), exclusions.origin or "exclude=")
-    if not keep:
-        raise DataError(f"{where}: the exclusion list {exclusions.origin or ''} excludes every sample; nothing to train on")
-    return [files[i] for i in keep], [labels[i] for i in keep]
 
 
 def _class_folders(root: Path) -> list[str]:
@@ -199,7 +165,7 @@ def scan_image_folder(root: Path, *, validate: bool = True, exclude: Exclusions 
             )
         files.extend(str(root / cls / n) for n in names)
         labels.extend([label] * len(names))
-    files, labels = _excluded(files, labels, exclude or Exclusions(), str(root))
+    files, labels = apply_exclusions(files, labels, exclude or Exclusions(), str(root))
     if validate:
         # the hint names the dataset folder and the split: `crossdali check` finds no dataset in a split folder
         validate_files(files, root=root.parent, where=str(root), max_pixels=max_pixels,
@@ -240,7 +206,7 @@ def read_file_list(list_path: Path, *, root: Path | None = None, validate: bool 
     if not files:
         raise DataError(f"file list {list_path} lists no images")
     # exclusions first, so that a listed file that is gone can be excluded
-    files, labels = _excluded(files, labels, exclude or Exclusions(), str(list_path))
+    files, labels = apply_exclusions(files, labels, exclude or Exclusions(), str(list_path))
     missing = [f for f in files if not os.path.isfile(f)] if require_files else []
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

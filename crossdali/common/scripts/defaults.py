@@ -134,7 +134,7 @@ def _tuned_settings(args: argparse.Namespace, cuda: bool):
     if not isinstance(data, Path) or crop is None or getattr(args, "multi_label", False):
         return None
     from crossdali.common.options import DALI_BACKENDS
-    from crossdali.common.tune import read_tune
+    from crossdali.common.scripts.tune_files import read_tune
 
     backend = getattr(args, "data_backend", "auto")
     backend = ("dali-gpu" if cuda else "dali-cpu") if backend == "auto" else backend

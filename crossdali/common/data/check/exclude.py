@@ -9,6 +9,7 @@ its path alone.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -16,7 +17,9 @@ from pathlib import Path, PurePath
 
 from crossdali.common.errors import DataError
 
-__all__ = ["Exclusions", "load_exclusions", "format_exclusions"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Exclusions", "apply_exclusions", "load_exclusions", "format_exclusions"]
 
 _RECORD_ID = re.compile(r"^(?P<file>.+)#(?P<n>\d+)$")
 
@@ -86,3 +89,17 @@ def format_exclusions(rows: Iterable[tuple[str, str]], *, header: str = "") -> s
     lines = [f"# {line}" for line in header.splitlines()] if header else []
     lines += [f"{sample}\t# {' '.join(reason.split())}" for sample, reason in rows]
     return "\n".join(lines) + "\n"
+
+
+def apply_exclusions(files: list[str], labels: list[int], exclusions: Exclusions,
+                     where: str) -> tuple[list[str], list[int]]:
+    """``files`` and their ``labels`` less those ``exclusions`` names, with one warning saying how many went;
+    a ``DataError`` if none is left. ``where``: the dataset or list they came from, for the messages."""
+    if not exclusions:
+        return files, labels
+    keep = [i for i, f in enumerate(files) if not exclusions.excludes_file(f)]
+    n = len(files) - len(keep)
+    log.warning("%s: excluded %d of %d samples listed in %s", where, n, len(files), exclusions.origin or "exclude=")
+    if not keep:
+        raise DataError(f"{where}: the exclusion list {exclusions.origin or ''} excludes every sample; nothing to train on")
+    return [files[i] for i in keep], [labels[i] for i in keep]
