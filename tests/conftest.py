@@ -42,6 +42,17 @@ def tiny_classification(data_root) -> Path:
     return ensure_classification(data_root, size="tiny")
 
 
+@pytest.fixture(scope="module")
+def s3_tiny_set(tiny_classification):
+    """(endpoint, ``s3://`` URL, local folder) of the tiny set in a loopback S3 server (moto, started once per
+    process: tests/common/s3_server.py), with the AWS variables set for the module's tests."""
+    pytest.importorskip("moto")
+    from tests.common.s3_server import tiny_set_in_store
+
+    with tiny_set_in_store(tiny_classification) as found:
+        yield found
+
+
 @pytest.fixture(scope="session")
 def indexed_val_source(tiny_classification):
     """An odd-sized (55) val set whose label is the sample's index: labels identify samples."""

@@ -22,18 +22,11 @@ from crossdali.common.data.object_store import ObjectLocation, check_object_sour
 from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.errors import DataError  # noqa: E402
 from crossdali.common.options import PipelineOptions  # noqa: E402
-from tests.common.s3_server import SECRET_KEY, aws_env, tiny_set_in_store, upload_folder  # noqa: E402
+from tests.common.s3_server import SECRET_KEY, aws_env, upload_folder  # noqa: E402
 
 #: (format, local folder under the sample set, the same under the bucket's prefix)
 LAYOUTS = [("imagefolder", "imagefolder"), ("filelist", "imagefolder"), ("tfrecord", "tfrecord"),
            ("webdataset", "webdataset"), ("recordio", "recordio")]
-
-
-@pytest.fixture(scope="module")
-def s3_dataset(tiny_classification):
-    """(endpoint, ``s3://`` URL, local folder) of the tiny set in moto's server; AWS variables set."""
-    with tiny_set_in_store(tiny_classification) as found:
-        yield found
 
 
 def _val_batches(source, n: int = 2) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -58,8 +51,8 @@ def test_urls_are_kept_whole():
 
 
 @pytest.mark.parametrize("fmt,folder", LAYOUTS, ids=[f for f, _ in LAYOUTS])
-def test_same_bits_as_the_local_copy(s3_dataset, fmt, folder):
-    _, url, local = s3_dataset
+def test_same_bits_as_the_local_copy(s3_tiny_set, fmt, folder):
+    _, url, local = s3_tiny_set
     remote = resolve_source(f"{url}/{folder}", "val", format=fmt)
     here = resolve_source(local / folder, "val", format=fmt)
     assert remote.num_samples == here.num_samples and remote.labels == here.labels and remote.classes == here.classes
@@ -70,15 +63,15 @@ def test_same_bits_as_the_local_copy(s3_dataset, fmt, folder):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_path_that_folded_the_url_still_reads_the_store(s3_dataset):
-    _, url, local = s3_dataset
+def test_a_path_that_folded_the_url_still_reads_the_store(s3_tiny_set):
+    _, url, local = s3_tiny_set
     remote = resolve_source(Path(f"{url}/imagefolder"), "val", validate=False)  # Path("s3://b/p") is "s3:/b/p"
     assert remote.num_samples == resolve_source(local / "imagefolder", "val").num_samples
     assert remote.files[0].startswith(url + "/imagefolder/val/")
 
 
-def test_the_fast_check_finds_a_bad_object(s3_dataset, tmp_path):
-    endpoint, url, local = s3_dataset
+def test_the_fast_check_finds_a_bad_object(s3_tiny_set, tmp_path):
+    endpoint, url, local = s3_tiny_set
     bad = tmp_path / "bad"
     (bad / "val" / "a").mkdir(parents=True)
     (bad / "val" / "b").mkdir(parents=True)
@@ -99,8 +92,8 @@ def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
                           capture_output=True, text=True, timeout=300)
 
 
-def test_check_works_on_the_store_and_never_shows_the_secret(s3_dataset, tmp_path):
-    endpoint, url, _ = s3_dataset
+def test_check_works_on_the_store_and_never_shows_the_secret(s3_tiny_set, tmp_path):
+    endpoint, url, _ = s3_tiny_set
     proc = _cli(["check", url, "--no-progress", "--out", str(tmp_path / "check")], aws_env(endpoint), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tfrecord" in proc.stdout and "webdataset" in proc.stdout and "imagefolder" in proc.stdout
@@ -110,10 +103,10 @@ def test_check_works_on_the_store_and_never_shows_the_secret(s3_dataset, tmp_pat
 
 
 @pytest.mark.parametrize("case", ["no-bucket", "wrong-prefix", "no-credentials"])
-def test_a_wrong_location_is_one_line_and_exit_2(s3_dataset, tmp_path, monkeypatch, capsys, case):
+def test_a_wrong_location_is_one_line_and_exit_2(s3_tiny_set, tmp_path, monkeypatch, capsys, case):
     from crossdali.cli import main
 
-    _, url, _ = s3_dataset
+    _, url, _ = s3_tiny_set
     target = {"no-bucket": "s3://no-such-bucket-here/x", "wrong-prefix": f"{url}/not-there",
               "no-credentials": url}[case]
     if case == "no-credentials":

@@ -10,15 +10,8 @@ pytest.importorskip("mxnet")
 pytest.importorskip("moto")
 
 from crossdali.mxnet import create_classification_loader  # noqa: E402
-from tests.common.s3_server import tiny_set_in_store  # noqa: E402
 
 pytestmark = pytest.mark.mxnet
-
-
-@pytest.fixture(scope="module")
-def s3_tiny_set(tiny_classification):
-    with tiny_set_in_store(tiny_classification) as found:
-        yield found
 
 
 def test_the_first_batch_is_the_local_one(s3_tiny_set):

@@ -17,7 +17,6 @@ pytest.importorskip("moto")
 
 from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.errors import DataError  # noqa: E402
-from tests.common.s3_server import tiny_set_in_store  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 
@@ -36,12 +35,6 @@ np.testing.assert_array_equal(la, lb)
 np.testing.assert_array_equal(a, b)
 print("same first batch")
 """
-
-
-@pytest.fixture(scope="module")
-def s3_tiny_set(tiny_classification):
-    with tiny_set_in_store(tiny_classification) as found:
-        yield found
 
 
 def test_the_first_batch_is_the_local_one(s3_tiny_set):
