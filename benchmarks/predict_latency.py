@@ -74,7 +74,51 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--smoke", action="store_true", help="tiny set, CPU, ResNet-18 at 64 px, few repeats")
     parser.add_argument("--cold-start", choices=ENGINE_ROWS, help=argparse.SUPPRESS)  # the child of a cold start
     parser.add_argument("--image", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)  # the measuring process
+    parser.add_argument("--skip", default="", help=argparse.SUPPRESS)  # row kinds a crash took out, comma-separated
     return parser
+
+
+ROW_MARK = "@@row "  # a child's line naming the row it starts on: a crash is pinned on the last one
+
+
+def _mark(args: argparse.Namespace, kind: str) -> None:
+    if args.in_child:
+        print(ROW_MARK + kind, flush=True)
+
+
+def _run_in_children(args: argparse.Namespace, path: Path) -> dict:
+    """The measurement in a child process, so that a crash of one engine (DALI aborts the process on a CUDA
+    error) costs that row only: the row the child was on is recorded with the error and a new child measures
+    the others (the JSON the last child wrote, plus the rows that crashed)."""
+    crashed: dict[str, str] = {}
+    root = Path(__file__).resolve().parents[1]
+    while True:
+        cmd = [sys.executable, "-m", "benchmarks.predict_latency", *sys.argv[1:], "--in-child",
+               "--skip", ",".join(crashed)]
+        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        row, tail = None, []
+        for line in proc.stdout:
+            if line.startswith(ROW_MARK):
+                row = line[len(ROW_MARK):].strip()
+                continue
+            print(line, end="", flush=True)
+            tail = [*tail[-19:], line.rstrip()]
+        if proc.wait() == 0:
+            break
+        last = next((t for t in reversed(tail) if t.strip()), f"exit status {proc.returncode}")
+        if row is None or row in crashed:  # not in a row, or a row already left out: nothing more to skip
+            raise SystemExit(f"predict_latency: the measuring process failed ({last})")
+        crashed[row] = f"the process crashed (exit status {proc.returncode}): {last}"
+        print(f"{row}: CRASHED, measuring the other rows in a new process: {last}", flush=True)
+    report = json.loads(path.read_text())
+    for kind, error in crashed.items():
+        if kind == "cold-start":
+            report["cold_start"] = {"error": error}
+        else:
+            report["results"].append({"name": kind, "kind": kind, "error": error})
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 class PILPreprocess:
@@ -246,9 +290,11 @@ def main(args: argparse.Namespace) -> dict:
         raise usage_error("--requests, --batches, --rounds, --sweep-runs, --workers and the --sweep sizes must be at "
                           "least 1, --cold-starts at least 0")
     gpu = not args.cpu
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.in_child:
+        return _run_in_children(args, args.out / f"{'predict_latency' if gpu else 'predict_latency_cpu'}.json")
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     torch.backends.cudnn.benchmark = gpu
-    args.out.mkdir(parents=True, exist_ok=True)
     files = resolve_source(ensure_classification(args.data_root, size=args.size, formats=("imagefolder",))
                            / "imagefolder", "val").files
     images = [Path(f).read_bytes() for f in files]
@@ -265,7 +311,8 @@ def main(args: argparse.Namespace) -> dict:
 
         return lambda batch: p.preprocess([prepare_image(b, name="request") for b in batch])
 
-    eager, pipeline = predictor("eager"), predictor("pipeline")
+    skip = set(filter(None, args.skip.split(",")))
+    eager, pipeline = predictor("eager"), predictor("pipeline")  # each engine is made on its first run
     rows = [Row(f"DALI eager ({where}, {args.workers} threads)", "eager", dali(eager), model, device),
             Row(f"DALI pipeline ({where}, {args.workers} threads)", "pipeline", dali(pipeline), model, device),
             Row("PIL + torchvision transforms", "pil", PILPreprocess(args.crop_size, args.workers, device, on_gpu=False),
@@ -273,6 +320,7 @@ def main(args: argparse.Namespace) -> dict:
     if gpu:
         rows.append(Row("PIL + torchvision transforms on the GPU", "pil-gpu",
                         PILPreprocess(args.crop_size, args.workers, device, on_gpu=True), model, device))
+    rows = [r for r in rows if r.kind not in skip]
     report = {
         **environment("predict_latency", device),
         "gpu": gpu_name() if gpu else None,
@@ -299,6 +347,7 @@ def main(args: argparse.Namespace) -> dict:
 
     live = []
     for row in rows:  # warm-up: engines built, operators made, allocators and cuDNN settled
+        _mark(args, row.kind)
         try:
             for batch in _requests(images, 1, args.warmup) + _requests(images, args.batch_size, max(1, args.warmup // 2)):
                 row.top5(batch)
@@ -311,6 +360,7 @@ def main(args: argparse.Namespace) -> dict:
     by_round: dict[str, list[float]] = {r.name: [] for r in live}
     for rnd in range(args.rounds):
         for row in live:
+            _mark(args, row.kind)
             t = times[row.name]
             one = _requests(images, 1, args.requests, offset=rnd * args.requests)
             many = _requests(images, args.batch_size, args.batches, offset=rnd)
@@ -341,6 +391,7 @@ def main(args: argparse.Namespace) -> dict:
         for rnd in range(args.rounds):
             for n in sweep:
                 for row in engine_rows:
+                    _mark(args, row.kind)
                     runs = _requests(images, n, args.sweep_runs, offset=rnd)
                     row.preprocess_synced(runs[0])  # a new run size: DALI sizes its operators' buffers
                     sweep_times[row.kind, n] += _time_calls(row.preprocess_synced, runs)
@@ -352,7 +403,8 @@ def main(args: argparse.Namespace) -> dict:
             + f" -> eager no slower up to {report['eager_max_images']} images", flush=True)
         save()
     del eager, pipeline, rows, live
-    if args.cold_starts:
+    if args.cold_starts and "cold-start" not in skip:
+        _mark(args, "cold-start")
         report["cold_start"] = cold = _cold_starts(args, Path(files[0]), gpu)
         if "error" not in cold:  # the value for EAGER_STARTS_FASTER on this device
             report["eager_starts_faster"] = cold["eager"]["first_ms"] < cold["pipeline"]["first_ms"]

@@ -18,7 +18,7 @@ pipeline's (``tests/common/test_eager_predict.py`` holds them to that on the CPU
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,9 +62,17 @@ class EagerPreprocessor:
     a raw handle or anything DALI's ``ndd.stream`` takes) is the stream GPU operators run on: pass
     the consumer's stream and its work is ordered after DALI's without a synchronisation.
 
-    ``run(images)`` returns DALI's evaluated ``Batch`` (N, C, H, W) (or (N, H, W, C)); the
-    framework wrapper converts it (``Batch.torch()``, DLPack). One preprocessor serves one thread
-    at a time (DALI's ``EvalContext`` refuses a second).
+    ``run(images)`` returns DALI's evaluated ``Batch`` (N, C, H, W) (or (N, H, W, C));
+    ``run(images, convert=ndd.Batch.torch)`` also converts it (DLPack) inside this preprocessor's
+    context: a conversion called outside it would run in the calling thread's default
+    ``EvalContext`` (another CUDA stream, executor thread and thread pool of DALI's making). One
+    preprocessor serves one thread at a time (DALI's ``EvalContext`` refuses a second).
+
+    Every operator runs in the calling thread (``EvalMode.sync_cpu``), the thread that entered the
+    context and so made the device current, not in the context's background executor thread; GPU
+    work stays asynchronous on ``cuda_stream``. On the CPU the context is made for DALI's ``cpu``
+    device: by default DALI gives a context the current GPU where one is visible, which would bind
+    a CPU preprocessor's threads to that GPU.
 
     DALI keeps the operators it makes in this preprocessor's ``EvalContext``, one set per
     power-of-two run size (1, 2, 3-4, 5-8, ...): the first run of each size class makes its own
@@ -77,12 +85,16 @@ class EagerPreprocessor:
 
         self.options, self.transform = options, transform or ClassificationTransform()
         self._gpu = options.device == "gpu"
-        self._context = ndd.EvalContext(num_threads=max(1, options.num_threads),
-                                        device_id=options.device_id if self._gpu else None,
-                                        cuda_stream=cuda_stream if self._gpu else None)
+        if self._gpu:
+            self._context = ndd.EvalContext(num_threads=max(1, options.num_threads), device_id=options.device_id,
+                                            cuda_stream=cuda_stream)
+        else:
+            with ndd.Device("cpu"):  # else DALI takes the current GPU for the context, where one is visible
+                self._context = ndd.EvalContext(num_threads=max(1, options.num_threads))
 
-    def run(self, images: Sequence[EncodedImage]):
-        """The val transform of ``images`` as an evaluated DALI dynamic-mode ``Batch``.
+    def run(self, images: Sequence[EncodedImage], *, convert: Callable | None = None):
+        """The val transform of ``images`` as an evaluated DALI dynamic-mode ``Batch``, or what
+        ``convert`` (e.g. ``ndd.Batch.torch``) makes of it, called inside this preprocessor's context.
 
         A failure (an image DALI cannot decode) raises DALI's ``RuntimeError`` here, not later.
         """
@@ -92,7 +104,7 @@ class EagerPreprocessor:
         if not images:
             raise ValueError("a run takes at least one image")
         t = self.transform
-        with self._context:
+        with self._context, ndd.EvalMode.sync_cpu:
             encoded = ndd.as_batch([im.data for im in images])  # views: no copy, no copy operator
             shapes = ndd.peek_image_shape(encoded).evaluate()
             geometry = [val_geometry(int(s[0]), int(s[1]), resize=t.val_resize_size, crop=t.crop_size)
@@ -110,4 +122,5 @@ class EagerPreprocessor:
                 resized, dtype=types.FLOAT16 if t.dtype == "float16" else types.FLOAT, output_layout=t.output_layout,
                 crop=(t.crop_size, t.crop_size), mean=list(t.mean), std=list(t.std), mirror=False,
                 crop_pos_x=as_float(crop_x), crop_pos_y=as_float(crop_y))
-            return out.evaluate()
+            out = out.evaluate()
+            return out if convert is None else convert(out)

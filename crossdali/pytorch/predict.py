@@ -236,7 +236,8 @@ class Predictor:
                 if len(images) > self.max_batch_size:
                     raise ValueError(f"a run takes 1 to {self.max_batch_size} images, got {len(images)}")
                 try:
-                    return self.eager.run(images).torch()  # DLPack: DALI's buffer, no copy
+                    # converted inside the eager context: DLPack, DALI's buffer, no copy, on its stream
+                    return self.eager.run(images, convert=lambda batch: batch.torch())
                 except RuntimeError as e:
                     raise preprocessing_error(images, e) from e
             out = self.pipeline.run(images).as_tensor()
