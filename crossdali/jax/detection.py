@@ -47,6 +47,7 @@ def create_detection_loader(
     transform: DetectionTransform | None = None,
     last_batch: str | None = None,
     checkpointing: bool = True,
+    pipelines: int = 1,
 ) -> DALILoader:
     """An iterable of SSD300 train or val batches (see the module docstring) over a COCO-format folder.
 
@@ -68,11 +69,13 @@ def create_detection_loader(
         transform: the augmentation ranges (default: the pipeline's own preset).
         last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
         checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
+        pipelines: DALI pipelines in this process, each reading its own part of the shard, merged into
+            each batch (``crossdali.pytorch.create_detection_loader`` says more).
     """
     _no_native(backend)
     plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,
                          source_type=DetectionSource, resolve=resolve_detection_source, batch_size=batch_size,
-                         dist=dist, last_batch=last_batch, what="detection")
+                         dist=dist, last_batch=last_batch, what="detection", pipelines=pipelines)
     source = plan.source
     transform = transform or DetectionTransform()
     require_gpu(backend)

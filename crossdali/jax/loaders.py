@@ -131,6 +131,10 @@ class DALILoader(DALIIteratorLoader):
         return array.reshape(-1)
 
     def _concat(self, arrays: list[jax.Array]) -> jax.Array:
+        top = [max(d) for d in zip(*(a.shape[1:] for a in arrays))]
+        if any(list(a.shape[1:]) != top for a in arrays):  # outputs padded with 0 to each part's longest
+            # (detection's boxes and labels): padded to the longest of all
+            arrays = [jax.numpy.pad(a, [(0, 0), *((0, m - n) for m, n in zip(top, a.shape[1:]))]) for a in arrays]
         return jax.numpy.concatenate(arrays)
 
 

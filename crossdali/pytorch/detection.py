@@ -145,6 +145,7 @@ def create_detection_loader(
     last_batch: str | None = None,
     debug: bool = False,
     checkpointing: bool = True,
+    pipelines: int = 1,
 ):
     """PyTorch SSD300 train or val batches (see the module docstring) over a COCO-format dataset.
 
@@ -165,10 +166,15 @@ def create_detection_loader(
         last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
         debug: DALI train only: add ``DEBUG_OUTPUTS`` (the random parameters) to each batch.
         checkpointing: let ``state_dict()`` hold DALI's position inside an epoch.
+        pipelines: DALI backends: this rank's shard split over that many pipelines merged into each
+            batch, as in ``crossdali.pytorch.create_classification_loader`` (val's boxes and labels are
+            padded to the longest of the merged batch). ``benchmarks/detection_loaders.py --pipelines``
+            measures what it gives (docs/benchmarks.md#detection-loaders). A mid-epoch checkpoint
+            resumes only with the count it was saved with.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,
                          source_type=DetectionSource, resolve=resolve_detection_source, batch_size=batch_size,
-                         dist=dist, last_batch=last_batch, what="detection")
+                         dist=dist, last_batch=last_batch, what="detection", pipelines=pipelines)
     source, dist = plan.source, plan.dist
     transform = transform or DetectionTransform()
     if backend == "native":

@@ -79,6 +79,11 @@ class DALILoader(DALIIteratorLoader):
         return tensor.view(-1)
 
     def _concat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        top = [max(d) for d in zip(*(t.shape[1:] for t in tensors))]
+        if any(list(t.shape[1:]) != top for t in tensors):  # outputs padded with 0 to each part's longest
+            # (detection's boxes and labels): padded to the longest of all
+            tensors = [torch.nn.functional.pad(t, [p for d in reversed(range(1, t.ndim))
+                                                   for p in (0, top[d - 1] - t.shape[d])]) for t in tensors]
         return torch.cat(tensors)
 
 

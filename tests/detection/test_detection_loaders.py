@@ -73,3 +73,57 @@ def test_torch_batches_identical_to_pipeline(detection_root, train):
     direct = [np.array(x.as_tensor()) for x in pipe.run()]
     for name, got, want in zip(names, next(iter(loader)), direct):
         np.testing.assert_array_equal(got.numpy(), want.reshape(got.shape), err_msg=name)
+
+
+def _train_epoch(loader) -> tuple[list, set]:
+    """One train epoch (``debug=True``): a key per image, its boxes and labels as read (``raw_boxes``,
+    ``raw_labels``) as bytes, which tell the images apart; and the shapes of the batches' outputs."""
+    keys, shapes = [], set()
+    for images, offsets, labels, raw_boxes, raw_labels, *_ in loader:
+        shapes.add((tuple(images.shape), tuple(offsets.shape), tuple(labels.shape)))
+        for b, lab in zip(raw_boxes, raw_labels):
+            n = int((lab > 0).sum())
+            keys.append(b[:n].numpy().tobytes() + lab[:n].numpy().tobytes())
+    return keys, shapes
+
+
+def test_two_pipelines_train_every_image_once(detection_root):
+    """pipelines=2: each pipeline reads half of the shard, 4 images a step, merged into batches of 8;
+    one epoch reads every train image once (the same images as one pipeline's epoch)."""
+    one = create_detection_loader(detection_root, train=True, batch_size=8, workers=2, seed=3, debug=True)
+    two = create_detection_loader(detection_root, train=True, batch_size=8, workers=2, seed=3, debug=True,
+                                  pipelines=2)
+    assert two.pipelines == 2 and len(two) == len(one) == 12
+    want, _ = _train_epoch(one)
+    got, shapes = _train_epoch(two)
+    assert shapes == {((8, 3, 300, 300), (8, 8732, 4), (8, 8732))}
+    assert len(got) == one.source.num_images == 96 and len(set(want)) > 90  # the keys tell the images apart
+    assert sorted(got) == sorted(want)
+
+
+def test_two_pipelines_val_every_image_once(detection_root):
+    """Val's boxes and labels are padded to each pipeline's longest: merged, they are padded to the
+    longest of the batch, and every image keeps its own boxes and labels (as with one pipeline)."""
+    coco = json.loads((detection_root / "annotations" / "instances_val.json").read_text())
+    by_id = {}
+    for pipelines in (1, 2):
+        loader = create_detection_loader(detection_root, train=False, batch_size=8, workers=1, pipelines=pipelines)
+        seen = {}
+        for images, boxes, labels, image_ids in loader:
+            assert images.shape == (len(image_ids), 3, 300, 300) and boxes.shape[:2] == labels.shape
+            assert int((labels > 0).sum(1).max()) == labels.shape[1]  # padded to the batch's longest, no further
+            assert not boxes[labels == 0].any()
+            for i, b, lab in zip(image_ids.tolist(), boxes, labels):
+                assert i not in seen
+                seen[i] = (b[lab > 0], lab[lab > 0])
+        assert sorted(seen) == sorted(im["id"] for im in coco["images"])
+        by_id[pipelines] = seen
+    for i, (b, lab) in by_id[1].items():
+        assert torch.equal(by_id[2][i][0], b) and torch.equal(by_id[2][i][1], lab)
+
+
+def test_pipelines_need_dali(detection_root):
+    from crossdali.common.errors import UsageError
+
+    with pytest.raises(UsageError, match="pipelines=2"):
+        create_detection_loader(detection_root, train=True, backend="native", batch_size=8, pipelines=2)
