@@ -18,6 +18,11 @@ results so far. Writes ``detection_loaders.json`` and ``detection_loaders.png``.
 them for ``--rounds`` rounds of ``--seconds`` each, so that other load on a shared machine hits both
 alike; each loader's images/s is its median round, and every round is recorded. It writes
 ``detection_loaders_cpu.json`` so it never replaces the GPU run's results.
+
+DALI GPU runs at the first ``--hw-loads`` value (the row of the three-way comparison), then as extras:
+with each further ``--pipelines`` count per shard (merged into each batch; ``--workers`` threads each),
+with the canvas-free zoom-out (``--gpu-canvas-free``: ``DetectionTransform(canvas_free=True)``), and at
+the other ``--hw-loads`` values. Every row records its ``pipelines`` and ``canvas_free``.
 """
 
 from __future__ import annotations
@@ -55,12 +60,51 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=20.0, help="timed steady state per loader")
     parser.add_argument("--warmup-batches", type=int, default=5)
     parser.add_argument("--hw-loads", default="1.0,0", help="hw_decoder_load values for DALI GPU")
-    parser.add_argument("--budget-s", type=float, default=220.0, help="skip loaders once this much time has passed")
+    parser.add_argument("--pipelines", default="1,2",
+                        help="DALI GPU pipelines per shard, one row each at the first --hw-loads value")
+    parser.add_argument("--gpu-canvas-free", action=argparse.BooleanOptionalAction, default=True,
+                        help="a DALI GPU row with the canvas-free zoom-out (one pipeline)")
+    parser.add_argument("--budget-s", type=float, default=330.0, help="skip loaders once this much time has passed")
     parser.add_argument("--smoke", action="store_true", help="CPU-only check: tiny set, 2 workers, short timing")
     parser.add_argument("--cpu", action="store_true",
                         help="DALI CPU vs the torchvision DataLoader only, alternating for --rounds rounds")
     parser.add_argument("--rounds", type=int, default=5, help="with --cpu: rounds of --seconds per loader")
     return parser
+
+
+def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """The DALI GPU rows: the first ``--hw-loads`` value (the three-way comparison's row), then the same
+    with each further ``--pipelines`` count and the canvas-free zoom-out, then the other hw loads."""
+    try:
+        loads = [float(h) for h in args.hw_loads.split(",") if h]
+        counts = [int(p) for p in args.pipelines.split(",") if p]
+    except ValueError as e:
+        raise usage_error(f"--hw-loads {args.hw_loads!r} / --pipelines {args.pipelines!r}: comma lists of numbers "
+                          f"({e})") from e
+    if not loads:
+        raise usage_error("--hw-loads needs at least one value, e.g. --hw-loads 1.0")
+    if any(p < 1 or args.batch_size % p for p in counts):
+        raise usage_error(f"--pipelines {args.pipelines!r}: each count must be positive and divide --batch-size "
+                          f"{args.batch_size}")
+    first = f"DALI GPU hw_decoder_load={loads[0]:g}"
+    rows = [(first, dict(backend="dali-gpu", hw_decoder_load=loads[0]))]
+    rows += [(f"{first}, {p} pipelines", dict(backend="dali-gpu", hw_decoder_load=loads[0], pipelines=p))
+             for p in dict.fromkeys(counts) if p != 1]
+    if args.gpu_canvas_free:
+        rows.append((f"{first}, canvas-free", dict(backend="dali-gpu", hw_decoder_load=loads[0],
+                                                   transform=DetectionTransform(canvas_free=True))))
+    return rows + [(f"DALI GPU hw_decoder_load={h:g}", dict(backend="dali-gpu", hw_decoder_load=h)) for h in loads[1:]]
+
+
+def _row(name: str, cfg: dict) -> dict:
+    """A result row's settings: backend, decoder share, pipelines per shard and whether the zoom-out ran
+    without the canvas (DALI's default: on the CPU only, ``crossdali.common.detection``; None for native)."""
+    transform = cfg.get("transform")
+    canvas_free = transform.canvas_free if transform is not None else None
+    if canvas_free is None and cfg["backend"] != "native":
+        canvas_free = cfg["backend"] == "dali-cpu"
+    return {"name": name, "backend": cfg["backend"], "hw_decoder_load": cfg.get("hw_decoder_load"),
+            "pipelines": cfg.get("pipelines", 1), "canvas_free": canvas_free}
 
 
 def _forever(loader):
@@ -147,8 +191,9 @@ def main(args: argparse.Namespace) -> dict:
     print(f"data: {source.num_images} JPEGs, mean {mean_kib:.0f} KiB (built/checked in "
           f"{time.perf_counter() - t_start:.0f} s)", flush=True)
 
-    gpu_configs = [(f"DALI GPU hw_decoder_load={float(h):g}", dict(backend="dali-gpu", hw_decoder_load=float(h)))
-                   for h in args.hw_loads.split(",") if h and cuda and not args.cpu]
+    gpu_configs = _gpu_configs(args)  # checked on every machine, so --smoke catches a mistyped list
+    if not cuda or args.cpu:
+        gpu_configs = []
     # the three-way comparison first, so that a spent time budget only skips the extra GPU variants
     configs = [*gpu_configs[:1], ("DALI CPU", dict(backend="dali-cpu")), (NATIVE, dict(backend="native")),
                *gpu_configs[1:]]
@@ -184,7 +229,7 @@ def main(args: argparse.Namespace) -> dict:
             report["loader"].append({"name": name, "backend": cfg["backend"], "skipped": "time budget spent"})
             print(f"{name:40s} skipped (time budget)", flush=True)
             continue
-        row = {"name": name, "backend": cfg["backend"], "hw_decoder_load": cfg.get("hw_decoder_load")}
+        row = _row(name, cfg)
         try:
             loader = create_detection_loader(source, train=True, batch_size=args.batch_size, workers=args.workers,
                                               device_id=0, **cfg)
@@ -214,7 +259,7 @@ def _measure_alternating(configs, source, args, device, report: dict, json_path:
         it = _forever(loader)
         for _ in range(args.warmup_batches):
             next(it)
-        rows.append({"name": name, "backend": cfg["backend"], "rounds_img_s": []})
+        rows.append(_row(name, cfg) | {"rounds_img_s": []})
         its.append((loader, it))
     for r in range(args.rounds):
         for row, (loader, it) in zip(rows, its):

@@ -106,6 +106,8 @@ def test_detection_benchmark_smoke(tmp_path, data_root):
     for row in rows.values():
         assert "error" not in row and row["img_s"] > 0 and row["images"] >= 3 * report["batch_size"], row
         assert row["positive_anchors_per_image"] > 1, row  # the box encoder matched real objects
+        assert row["pipelines"] == 1, row
+    assert rows["dali-cpu"]["canvas_free"] is True and rows["native"]["canvas_free"] is None
     assert (tmp_path / "detection_loaders.png").stat().st_size > 10_000
 
 
