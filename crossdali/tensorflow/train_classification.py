@@ -40,6 +40,8 @@ from crossdali.common.data.sample_data import ensure_classification, ensure_mult
 from crossdali.common.data.sources import resolve_source
 from crossdali.common.errors import WriteError
 from crossdali.common.loading.background import fetch_ahead
+from crossdali.common.loading.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
+from crossdali.common.loading.cuda_queues import share_gpu_with_dali
 from crossdali.common.models import builder_name, canonical_name
 from crossdali.common.scripts import script_parsers
 from crossdali.common.scripts.defaults import resolve_defaults
@@ -282,6 +284,7 @@ def load_data(args, runtime: Runtime, backend: str):
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
+    queues = share_gpu_with_dali()  # before TF starts CUDA: hardware queues for DALI's streams beside TF's
     runtime = init_distributed(engine=args.engine)  # first: it sets up the GPU (memory growth) before TF uses it
     logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -301,6 +304,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                                         "mid-epoch DALI position); a run killed mid-epoch redoes that epoch")
     log.info("rank %d/%d (launcher %s, engine %s), %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, "GPU" if on_gpu else "CPU")
+    if backend == "dali-gpu":
+        log.info("%s=%s (CUDA hardware queues: DALI's streams beside TensorFlow's)", CUDA_QUEUES_VARIABLE, queues)
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
     args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
@@ -366,7 +371,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
              "for ResNet-50)" if jit_compile else "tf.function without XLA (--jit-compile)")
     metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
-                  epochs=args.epochs, jit_compile=jit_compile, **defaults.record())
+                  epochs=args.epochs, jit_compile=jit_compile, cuda_queues=queues if on_gpu else None,
+                  **defaults.record())
     def validate(eval_step) -> dict[str, float]:
         if args.multi_label:
             return evaluate_multilabel(eval_step, val_loader, runtime=runtime)
