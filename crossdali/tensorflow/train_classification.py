@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -41,7 +42,6 @@ from crossdali.common.data.sources import resolve_source
 from crossdali.common.errors import WriteError
 from crossdali.common.loading.background import fetch_ahead
 from crossdali.common.loading.cuda_queues import VARIABLE as CUDA_QUEUES_VARIABLE
-from crossdali.common.loading.cuda_queues import share_gpu_with_dali
 from crossdali.common.models import builder_name, canonical_name
 from crossdali.common.scripts import script_parsers
 from crossdali.common.scripts.defaults import resolve_defaults
@@ -284,7 +284,9 @@ def load_data(args, runtime: Runtime, backend: str):
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
-    queues = share_gpu_with_dali()  # before TF starts CUDA: hardware queues for DALI's streams beside TF's
+    # CUDA's hardware queues stay as the user set them (8 by default): unlike the PyTorch and JAX scripts, this
+    # one does not raise them to 32, which made Keras train slower beside DALI (docs/benchmarks.md#tensorflow-keras)
+    queues = os.environ.get(CUDA_QUEUES_VARIABLE)
     runtime = init_distributed(engine=args.engine)  # first: it sets up the GPU (memory growth) before TF uses it
     logging.basicConfig(level=logging.INFO if runtime.dist.is_main else logging.WARNING,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -304,8 +306,6 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                                         "mid-epoch DALI position); a run killed mid-epoch redoes that epoch")
     log.info("rank %d/%d (launcher %s, engine %s), %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, "GPU" if on_gpu else "CPU")
-    if backend == "dali-gpu":
-        log.info("%s=%s (CUDA hardware queues: DALI's streams beside TensorFlow's)", CUDA_QUEUES_VARIABLE, queues)
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)
     args.num_classes = num_classes  # the saved config then holds what it was resolved to
 
