@@ -102,7 +102,7 @@ run_phase() {
     training_speed_tensorflow) has tensorflow "$1" && { sample_sets
       bench training_speed_tensorflow training_speed 590 --framework tensorflow --modes default --backends synthetic,dali-gpu; } ;;
     detection_loaders) bench detection_loaders detection_loaders 420 ;;
-    video_decode) bench video_decode video_decode 590 --work "$CROSSDALI_DATA/video-bench" ;;
+    video_decode) has av "$1" && bench video_decode video_decode 590 --work "$CROSSDALI_DATA/video-bench" ;;
     inference) sample_sets; bench inference inference 420 ;;
     predict_latency) sample_sets; bench predict_latency predict_latency 420 ;;
     external_source) sample_sets; bench external_source external_source 420 ;;

@@ -5,8 +5,8 @@
     python -m benchmarks.video_decode --out /tmp/vb --smoke   # any machine: tiny VP9 files, DALI CPU
 
 It makes its own test videos first (real photos panning under a moving patch, H.264 in MP4,
-1920x1080 and 1280x720, 25 fps) with PyAV (libx264) when ``import av`` works, else with OpenCV's
-VideoWriter (H.264 if its FFmpeg build has an encoder, else MPEG-4 part 2; the JSON says which).
+1920x1080 and 1280x720, 25 fps) with PyAV (libx264); it stops at once without PyAV, which crossdali's
+video loader also needs (it counts each file's clips with it).
 ``--encode`` picks the x264 settings (``ENCODES``): ``gop48`` (a key frame every 48 frames, what a
 set re-encoded for training looks like) or ``x264-default`` (what cameras and the web produce). Then,
 at each resolution (1080p the whole sweep, 720p the best configurations):
@@ -36,6 +36,7 @@ row that fails is recorded with its error and the run goes on.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import multiprocessing
@@ -165,46 +166,21 @@ def _write_with_av(path: Path, width: int, height: int, n: int, seed: int, codec
     return codec
 
 
-def _write_with_cv2(path: Path, width: int, height: int, n: int, seed: int) -> str:
-    import cv2
-
-    for fourcc, codec in (("avc1", "h264"), ("H264", "h264"), ("mp4v", "mpeg4")):
-        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), 25, (width, height))
-        if writer.isOpened():
-            for frame in _frames(width, height, n, seed):
-                writer.write(frame[..., ::-1])
-            writer.release()
-            if path.stat().st_size > 0:
-                return codec
-        writer.release()
-    raise RuntimeError("OpenCV can write neither H.264 nor MPEG-4 here, and PyAV is missing: stage av")
-
-
 def _write_one(job) -> str:
-    path, width, height, n, seed, codec, use_av, encode = job
-    if use_av:
-        return _write_with_av(Path(path), width, height, n, seed, codec, encode)
-    return _write_with_cv2(Path(path), width, height, n, seed)
+    path, width, height, n, seed, codec, encode = job
+    return _write_with_av(Path(path), width, height, n, seed, codec, encode)
 
 
 def make_videos(folder: Path, width: int, height: int, *, files: int, frames: int, codec: str,
                 encode: str = "gop48") -> tuple[list[str], str, str]:
-    """Encode ``files`` test videos; returns (paths, codec written, encoder used)."""
-    try:
-        import av  # noqa: F401
-
-        use_av = True
-    except ImportError:
-        use_av = False
-    if not use_av and codec != "h264":
-        raise RuntimeError("VP9 test videos need PyAV")
+    """Encode ``files`` test videos with PyAV; returns (paths, codec written, encoder used)."""
     folder.mkdir(parents=True, exist_ok=True)
     ext = ".mp4" if codec == "h264" else ".webm"
-    jobs = [(str(folder / f"v{i:02d}{ext}"), width, height, frames, i, codec, use_av, encode) for i in range(files)]
+    jobs = [(str(folder / f"v{i:02d}{ext}"), width, height, frames, i, codec, encode) for i in range(files)]
     workers = max(1, min(len(jobs), (os.cpu_count() or 4) // 2))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         written = list(pool.map(_write_one, jobs))
-    return [j[0] for j in jobs], written[0], "pyav" if use_av else "opencv"
+    return [j[0] for j in jobs], written[0], "pyav"
 
 
 # ----------------------------------------------------------------------------- timing helpers
@@ -485,8 +461,6 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def _peer_available(module: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(module) is not None
 
 
@@ -590,6 +564,9 @@ def main(args: argparse.Namespace) -> dict:
     unknown = [r for r in args.resolutions.split(",") if r and r not in RESOLUTIONS]
     if unknown:
         raise usage_error(f"--resolutions: unknown {', '.join(unknown)}; choose from {', '.join(RESOLUTIONS)}")
+    if importlib.util.find_spec("av") is None:
+        raise usage_error("this benchmark needs PyAV (pip install av): it encodes the H.264 test videos, and "
+                          "crossdali's video loader counts clips with it")
     work = args.work or Path(tempfile.mkdtemp(prefix="crossdali_video_bench_"))
     env = _environment()
     print(json.dumps(env), flush=True)
