@@ -8,7 +8,8 @@ rule (``crossdali.common.inference.EAGER_MAX_IMAGES``); and the cold start of ea
 Images: the ``bench`` sample set's val JPEGs (500-700 px), read into memory once. One model (random
 weights, float32, eval, ``torch.inference_mode``; cuDNN autotuning on the GPU) serves every row. Rows:
 
-- eager: ``Predictor(engine="eager")``, DALI's operators called directly (``crossdali.common.eager``);
+- eager (CPU runs: the engine is CPU-only, docs/inference.md#eager-is-cpu-only): ``Predictor(engine="eager")``,
+  DALI's operators called directly (``crossdali.common.eager``);
 - pipeline: ``Predictor(engine="pipeline")``, the long-lived DALI pipeline;
 - PIL + torchvision: PIL decode and torchvision's eval preset (``crossdali.pytorch.presets``) on the CPU,
   then the batch to the device;
@@ -208,11 +209,11 @@ def _cold_start_child(args: argparse.Namespace) -> None:
 
 
 def _cold_starts(args: argparse.Namespace, image: Path, gpu: bool) -> dict:
-    runs: dict[str, list[dict]] = {e: [] for e in ENGINE_ROWS}
+    runs: dict[str, list[dict]] = {e: [] for e in (("pipeline",) if gpu else ENGINE_ROWS)}  # eager: CPU only
     base = [sys.executable, "-m", "benchmarks.predict_latency", "--image", str(image), "--arch", args.arch,
             "--crop-size", str(args.crop_size), "-b", str(args.batch_size), "--workers", str(args.workers)]
     for _ in range(args.cold_starts):
-        for engine in ENGINE_ROWS:  # interleaved
+        for engine in runs:  # interleaved
             proc = subprocess.run([*base, "--cold-start", engine, *([] if gpu else ["--cpu"])],
                                   capture_output=True, text=True, timeout=300)
             if proc.returncode != 0:
@@ -312,8 +313,9 @@ def main(args: argparse.Namespace) -> dict:
         return lambda batch: p.preprocess([prepare_image(b, name="request") for b in batch])
 
     skip = set(filter(None, args.skip.split(",")))
-    eager, pipeline = predictor("eager"), predictor("pipeline")  # each engine is made on its first run
-    rows = [Row(f"DALI eager ({where}, {args.workers} threads)", "eager", dali(eager), model, device),
+    # each engine is made on its first run; eager is CPU-only (a UsageError on the GPU)
+    eager, pipeline = None if gpu else predictor("eager"), predictor("pipeline")
+    rows = [*([] if gpu else [Row(f"DALI eager ({where}, {args.workers} threads)", "eager", dali(eager), model, device)]),
             Row(f"DALI pipeline ({where}, {args.workers} threads)", "pipeline", dali(pipeline), model, device),
             Row("PIL + torchvision transforms", "pil", PILPreprocess(args.crop_size, args.workers, device, on_gpu=False),
                 model, device)]
@@ -406,7 +408,7 @@ def main(args: argparse.Namespace) -> dict:
     if args.cold_starts and "cold-start" not in skip:
         _mark(args, "cold-start")
         report["cold_start"] = cold = _cold_starts(args, Path(files[0]), gpu)
-        if "error" not in cold:  # the value for EAGER_STARTS_FASTER on this device
+        if "eager" in cold:  # the value for EAGER_STARTS_FASTER on this device
             report["eager_starts_faster"] = cold["eager"]["first_ms"] < cold["pipeline"]["first_ms"]
         print(f"cold start (new Predictor to its first top-5): {report['cold_start']}", flush=True)
         save()

@@ -7,13 +7,16 @@ from Python, each on the batch it is given. For a request of a few images that s
 executor's per-run work and the pipeline's build (the first ``crossdali predict`` call does not
 pay for one). ``crossdali.common.inference.choose_engine`` says which of the two serves a request.
 
+It runs on the CPU only: on a GPU the pipeline engine was as fast, and DALI's eager GPU decoder could
+differ from the val pipeline's pixels, so ``device="gpu"`` is refused with a ``UsageError``
+(docs/inference.md#eager-is-cpu-only).
+
 The steps and their arguments are those of ``augment_classification(train=False)`` in
 ``crossdali.common.classification``: decode to RGB, resize the shorter side with torchvision's
 rounding, centre crop with torchvision's anchor, normalize, layout. The val geometry, which the
 pipeline computes with DALI arithmetic on ``peek_image_shape``, is computed here in Python on the
 same shapes with the same integer and float32 operations, so the output is bit-identical to the
-pipeline's (``tests/common/test_eager_predict.py`` holds them to that on the CPU and, marked
-``gpu``, with the GPU decoder).
+pipeline's (``tests/common/test_eager_predict.py`` holds them to that).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crossdali.common.classification import ClassificationTransform
+from crossdali.common.inference import check_engine
 from crossdali.common.options import PipelineOptions
 
 if TYPE_CHECKING:
@@ -54,43 +58,34 @@ def val_geometry(height: int, width: int, *, resize: int, crop: int) -> tuple[in
 
 
 class EagerPreprocessor:
-    """The val transform of 1 to any number of encoded images, in DALI's dynamic mode.
+    """The val transform of 1 to any number of encoded images, in DALI's dynamic mode, on the CPU.
 
-    ``options`` says where it runs (``device="gpu"``: DALI's GPU decoder, with the hardware JPEG
-    decoder's share ``hw_decoder_load``, outputs on GPU ``device_id``) and its CPU threads
-    (``num_threads``); its ``batch_size`` is not a limit here. ``cuda_stream`` (a PyTorch stream,
-    a raw handle or anything DALI's ``ndd.stream`` takes) is the stream GPU operators run on: pass
-    the consumer's stream and its work is ordered after DALI's without a synchronisation.
+    ``options`` gives the CPU threads (``num_threads``); its ``batch_size`` is not a limit here.
+    ``device="gpu"`` raises ``UsageError`` before any CUDA work (the engine is CPU-only: the module's
+    docstring says why).
 
     ``run(images)`` returns DALI's evaluated ``Batch`` (N, C, H, W) (or (N, H, W, C));
     ``run(images, convert=ndd.Batch.torch)`` also converts it (DLPack) inside this preprocessor's
     context: a conversion called outside it would run in the calling thread's default
-    ``EvalContext`` (another CUDA stream, executor thread and thread pool of DALI's making). One
-    preprocessor serves one thread at a time (DALI's ``EvalContext`` refuses a second).
+    ``EvalContext`` (another executor thread and thread pool of DALI's making). One preprocessor
+    serves one thread at a time (DALI's ``EvalContext`` refuses a second).
 
-    Every operator runs in the calling thread (``EvalMode.sync_cpu``), the thread that entered the
-    context and so made the device current, not in the context's background executor thread; GPU
-    work stays asynchronous on ``cuda_stream``. On the CPU the context is made for DALI's ``cpu``
-    device: by default DALI gives a context the current GPU where one is visible, which would bind
-    a CPU preprocessor's threads to that GPU.
+    Every operator runs in the calling thread (``EvalMode.sync_cpu``), not in the context's
+    background executor thread. The context is made for DALI's ``cpu`` device: by default DALI gives
+    a context the current GPU where one is visible, which would bind the preprocessor's threads to it.
 
     DALI keeps the operators it makes in this preprocessor's ``EvalContext``, one set per
-    power-of-two run size (1, 2, 3-4, 5-8, ...): the first run of each size class makes its own
-    (the GPU decoder included), later ones reuse them.
+    power-of-two run size (1, 2, 3-4, 5-8, ...): the first run of each size class makes its own,
+    later ones reuse them.
     """
 
-    def __init__(self, *, options: PipelineOptions, transform: ClassificationTransform | None = None,
-                 cuda_stream=None) -> None:
+    def __init__(self, *, options: PipelineOptions, transform: ClassificationTransform | None = None) -> None:
+        check_engine("eager", device=options.device)  # first: a GPU is refused before DALI or CUDA starts
         import nvidia.dali.experimental.dynamic as ndd  # defer: keeps `import crossdali.common` light
 
         self.options, self.transform = options, transform or ClassificationTransform()
-        self._gpu = options.device == "gpu"
-        if self._gpu:
-            self._context = ndd.EvalContext(num_threads=max(1, options.num_threads), device_id=options.device_id,
-                                            cuda_stream=cuda_stream)
-        else:
-            with ndd.Device("cpu"):  # else DALI takes the current GPU for the context, where one is visible
-                self._context = ndd.EvalContext(num_threads=max(1, options.num_threads))
+        with ndd.Device("cpu"):  # else DALI takes the current GPU for the context, where one is visible
+            self._context = ndd.EvalContext(num_threads=max(1, options.num_threads))
 
     def run(self, images: Sequence[EncodedImage], *, convert: Callable | None = None):
         """The val transform of ``images`` as an evaluated DALI dynamic-mode ``Batch``, or what
@@ -112,9 +107,7 @@ class EagerPreprocessor:
             out_h, out_w, crop_y, crop_x = ([g[i] for g in geometry] for i in range(4))
             # the pipeline's memory paddings are left out: they size pools for a stream of batches, and a
             # request of a few images would pay for them up front; pixels do not depend on them
-            decoder_args = dict(hw_decoder_load=self.options.hw_decoder_load) if self._gpu else {}
-            decoded = ndd.decoders.image(encoded, device="gpu" if self._gpu else "cpu", output_type=types.RGB,
-                                         **decoder_args)
+            decoded = ndd.decoders.image(encoded, device="cpu", output_type=types.RGB)
             as_float = lambda values: ndd.as_batch([np.float32(v) for v in values])  # noqa: E731 - per-sample arguments
             resized = ndd.resize(decoded, resize_x=as_float(out_w), resize_y=as_float(out_h),
                                  interp_type=types.INTERP_LINEAR, antialias=True)

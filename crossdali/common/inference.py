@@ -2,7 +2,7 @@
 encoded images arrive (1 to ``max_batch_size`` per run), plus a micro-batcher that groups
 requests from many threads into such runs. ``choose_engine`` says whether a run goes through
 that pipeline or through DALI's dynamic mode (``crossdali.common.eager``: the same operators called
-one by one, no pipeline to build or feed), which gives the same bits.
+one by one, no pipeline to build or feed, on the CPU only), which gives the same bits.
 
 The transform is ``augment_classification(train=False)``, the very graph the val loaders run, so
 a model sees at inference what it saw in validation (bit for bit on the CPU).
@@ -28,26 +28,30 @@ import numpy as np
 
 from crossdali.common.classification import ClassificationTransform, augment_classification
 from crossdali.common.data.sources import sniff_image_bytes
-from crossdali.common.errors import DataError
+from crossdali.common.errors import DataError, UsageError
 from crossdali.common.options import PipelineOptions
 
-__all__ = ["EAGER_MAX_IMAGES", "EAGER_STARTS_FASTER", "ENGINES", "EncodedImage", "InferencePipeline", "MicroBatcher",
-           "choose_engine", "prepare_image", "preprocessing_error"]
+__all__ = ["EAGER_CPU_ONLY", "EAGER_MAX_IMAGES", "EAGER_STARTS_FASTER", "ENGINES", "EncodedImage", "InferencePipeline",
+           "MicroBatcher", "check_engine", "choose_engine", "prepare_image", "preprocessing_error"]
 
 log = logging.getLogger(__name__)
 
 _INPUT = "encoded"
 
 #: The two ways to run the val transform: DALI's dynamic mode (``crossdali.common.eager``, operators
-#: called one by one on the request) and the pipeline below (a graph built once); ``auto`` chooses.
+#: called one by one on the request, CPU only) and the pipeline below (a graph built once); ``auto`` chooses.
 ENGINES = ("auto", "eager", "pipeline")
 
 #: ``auto``: runs of up to this many images take the eager engine, larger ones the pipeline. Per device,
 #: where the latency benchmark (docs/benchmarks.md#inference) found eager no slower than the pipeline.
-#: 0 on the GPU: there DALI's eager decoder can pick another JPEG backend than the pipeline's for a run,
-#: and the pixels then differ by up to one uint8 level (docs/inference.md#engines-eager-dalis-dynamic-mode-and-the-pipeline),
-#: so ``auto`` keeps the pipeline's bits; ``engine="eager"`` is a choice to make knowingly.
+#: 0 on the GPU: the eager engine is CPU-only (``EAGER_CPU_ONLY``).
 EAGER_MAX_IMAGES = {"cpu": 8, "gpu": 0}
+
+#: Why ``engine="eager"`` is refused on a GPU: there the pipeline engine was as fast, and eager's GPU
+#: decoder could differ from the val pipeline's pixels (docs/inference.md#eager-is-cpu-only).
+EAGER_CPU_ONLY = ("--engine eager (engine='eager') runs on the CPU only: on a GPU the pipeline engine is as fast and "
+                  "gives the val pipeline's pixels (docs/inference.md#eager-is-cpu-only); use --engine pipeline or "
+                  "auto, or --device cpu")
 
 #: Whether a new eager engine gives its first result sooner than a new pipeline (the latency benchmark's cold
 #: start: eager's includes importing DALI's dynamic mode, the pipeline's its build). ``auto`` in a process that
@@ -112,14 +116,22 @@ def preprocessing_error(images: Sequence[EncodedImage], error: Exception) -> Dat
                      f"{str(error).strip().splitlines()[-1]}")
 
 
-def choose_engine(engine: str, num_images: int, *, device: str, one_shot: bool = False) -> str:
-    """``"eager"`` or ``"pipeline"``: which engine preprocesses a run of ``num_images`` on ``device``
-    (``"cpu"`` or ``"gpu"``). ``"eager"`` and ``"pipeline"`` are taken as they are. ``"auto"`` picks
-    eager for runs of up to ``EAGER_MAX_IMAGES[device]`` images and the pipeline for larger ones; for
-    a ``one_shot`` run (the only one of its process, so the engine's start-up counts) eager only where
-    it also starts faster (``EAGER_STARTS_FASTER[device]``)."""
+def check_engine(engine: str, *, device: str) -> None:
+    """``ValueError`` for an unknown ``engine``; ``UsageError`` for ``"eager"`` on ``device="gpu"``
+    (``EAGER_CPU_ONLY``). Touches no GPU: callers check before any CUDA work."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "eager" and device != "cpu":
+        raise UsageError(EAGER_CPU_ONLY)
+
+
+def choose_engine(engine: str, num_images: int, *, device: str, one_shot: bool = False) -> str:
+    """``"eager"`` or ``"pipeline"``: which engine preprocesses a run of ``num_images`` on ``device``
+    (``"cpu"`` or ``"gpu"``). ``"eager"`` and ``"pipeline"`` are taken as they are (``"eager"`` on the
+    CPU only: ``check_engine``). ``"auto"`` picks eager for runs of up to ``EAGER_MAX_IMAGES[device]``
+    images and the pipeline for larger ones; for a ``one_shot`` run (the only one of its process, so the
+    engine's start-up counts) eager only where it also starts faster (``EAGER_STARTS_FASTER[device]``)."""
+    check_engine(engine, device=device)
     if engine != "auto":
         return engine
     if num_images > EAGER_MAX_IMAGES[device] or (one_shot and not EAGER_STARTS_FASTER[device]):

@@ -13,10 +13,12 @@ to PNG on the way in (``crossdali.common.inference``); files nothing can read ar
 
 In a program, ``Predictor`` keeps the model and DALI's preprocessing alive: ``predict(images)``
 for a list, ``submit(image)`` from any thread (requests that arrive together run as one batch).
-Two engines give the same bits: DALI's dynamic mode (eager operators, no pipeline) and a pipeline
-built once. A ``Predictor`` sends small runs to the first, larger ones to the second; the command,
-which serves one request per process, also weighs each engine's start-up. ``--engine`` /
-``engine=`` picks one (docs/inference.md#engines-eager-dalis-dynamic-mode-and-the-pipeline).
+Two engines give the same bits on the CPU: DALI's dynamic mode (eager operators, no pipeline) and a
+pipeline built once. A ``Predictor`` on the CPU sends small runs to the first, larger ones to the
+second; the command, which serves one request per process, also weighs each engine's start-up.
+``--engine`` / ``engine=`` picks one (docs/inference.md#engines-eager-dalis-dynamic-mode-and-the-pipeline).
+Eager is CPU-only: on a GPU the pipeline is as fast and gives the val pipeline's pixels
+(docs/inference.md#eager-is-cpu-only).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from crossdali.common.inference import (
     EncodedImage,
     InferencePipeline,
     MicroBatcher,
+    check_engine,
     choose_engine,
     prepare_image,
     preprocessing_error,
@@ -154,7 +157,7 @@ def _encoded(item: str | Path | bytes | EncodedImage, index: int) -> EncodedImag
 class Predictor:
     """A model and DALI's val transform (DALI's GPU decoder when the model runs on CUDA), by two
     engines that give the same bits: DALI's dynamic mode (``crossdali.common.eager``, operators
-    called on each run) and a long-lived pipeline (``InferencePipeline``, built on first use).
+    called on each run, CPU only) and a long-lived pipeline (``InferencePipeline``, built on first use).
     ``predict`` runs lists in batches of up to ``max_batch_size``; ``submit`` queues one image
     from any thread and batches whatever is waiting. ``Predictor.from_checkpoint(path)`` builds
     one from a training run's checkpoint.
@@ -168,17 +171,18 @@ class Predictor:
         device: where the model runs (default: the current CUDA GPU if there is one, else the CPU).
         max_batch_size: the most images per model call.
         workers: DALI's threads.
-        engine: ``"auto"`` (eager for runs of up to ``EAGER_MAX_IMAGES`` images on this device,
-            the pipeline for larger ones: docs/benchmarks.md#inference), ``"eager"`` or ``"pipeline"``.
+        engine: ``"auto"`` (on the CPU eager for runs of up to ``EAGER_MAX_IMAGES`` images, the
+            pipeline for larger ones: docs/benchmarks.md#inference; on CUDA the pipeline), ``"eager"``
+            (CPU only: a ``UsageError`` on CUDA, raised before any CUDA work; docs/inference.md#eager-is-cpu-only)
+            or ``"pipeline"``.
     """
 
     def __init__(self, model: torch.nn.Module, *, crop_size: int, class_names: Sequence[str],
                  resize_size: int | None = None, device: str | torch.device | None = None,
                  max_batch_size: int = 64, workers: int = 2, engine: str = "auto") -> None:
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         self.device = torch.device(device) if device is not None else \
             torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        check_engine(engine, device="gpu" if self.device.type == "cuda" else "cpu")  # before any CUDA work
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         gpu = self.device.type == "cuda"
@@ -214,13 +218,11 @@ class Predictor:
 
     @property
     def eager(self):
-        """The eager engine (``crossdali.common.eager.EagerPreprocessor``), made on first use; on CUDA its
-        operators run on the stream that is current then, so the model's work follows them in order."""
+        """The eager engine (``crossdali.common.eager.EagerPreprocessor``, CPU only), made on first use."""
         if self._eager is None:
             from crossdali.common.eager import EagerPreprocessor  # defer: imports DALI's dynamic mode
 
-            stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-            self._eager = EagerPreprocessor(options=self.options, transform=self.transform, cuda_stream=stream)
+            self._eager = EagerPreprocessor(options=self.options, transform=self.transform)
         return self._eager
 
     def engine_for(self, num_images: int) -> str:
@@ -236,7 +238,7 @@ class Predictor:
                 if len(images) > self.max_batch_size:
                     raise ValueError(f"a run takes 1 to {self.max_batch_size} images, got {len(images)}")
                 try:
-                    # converted inside the eager context: DLPack, DALI's buffer, no copy, on its stream
+                    # converted inside the eager context: DLPack, DALI's buffer, no copy
                     return self.eager.run(images, convert=lambda batch: batch.torch())
                 except RuntimeError as e:
                     raise preprocessing_error(images, e) from e
@@ -285,13 +287,11 @@ class Predictor:
 
 def _auto_engine_help() -> str:
     """What ``--engine auto`` does for one command, from the constants the latency benchmark sets."""
-    eager_first = [f"{where} for up to {EAGER_MAX_IMAGES[key]} images" for where, key in (("on the CPU", "cpu"),
-                   ("on a GPU", "gpu")) if EAGER_STARTS_FASTER[key]]
-    if not eager_first:
+    if not EAGER_STARTS_FASTER["cpu"]:
         return ("auto (default): the pipeline, since for one command its build takes less time than eager's start "
-                "(importing DALI's dynamic mode); a Predictor kept in a program takes eager for small runs")
-    return (f"auto (default): eager {' and '.join(eager_first)}, where it starts faster than the pipeline builds, "
-            "else the pipeline")
+                "(importing DALI's dynamic mode); a Predictor kept in a program on the CPU takes eager for small runs")
+    return (f"auto (default): eager on the CPU for up to {EAGER_MAX_IMAGES['cpu']} images, where it starts faster "
+            "than the pipeline builds, else the pipeline")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -305,9 +305,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="auto: CUDA (and DALI's GPU decoder) when a GPU is visible")
     parser.add_argument("--engine", default="auto", choices=ENGINES,
-                        help="how DALI preprocesses (both give the same bits): 'eager' calls its operators directly "
-                             "(dynamic mode, no pipeline), 'pipeline' builds a pipeline and runs it. "
-                             f"{_auto_engine_help()} (docs/benchmarks.md#inference)")
+                        help="how DALI preprocesses (both give the same bits on the CPU): 'eager' calls its operators "
+                             "directly (dynamic mode, no pipeline; CPU only: on a GPU the pipeline is as fast and "
+                             "gives the val pipeline's pixels, docs/inference.md#eager-is-cpu-only), 'pipeline' "
+                             f"builds a pipeline and runs it. {_auto_engine_help()} (docs/benchmarks.md#inference)")
     parser.add_argument("--json", action="store_true", help="one JSON object per image instead of text")
     return parser
 
@@ -318,6 +319,7 @@ def main(args: argparse.Namespace) -> list[Prediction]:
         raise ValueError(f"--topk must be positive, got {args.topk}")
     if args.images.count("-") > 1:
         raise ValueError("'-' (stdin) can be given once: stdin holds one image")
+    check_engine(args.engine, device="gpu" if args.device == "cuda" else "cpu")  # before stdin and CUDA
     images = [prepare_image(sys.stdin.buffer.read(), name="<stdin>") if item == "-" else item for item in args.images]
     device = None if args.device == "auto" else args.device
     if device == "cuda" and not torch.cuda.is_available():

@@ -2,7 +2,7 @@
 bits on the same bytes (real JPEGs of the sample set, PNGs of awkward sizes, a converted GIF); the
 ``auto`` rule picks it for small runs without building a pipeline (and, for one request per process,
 only where it starts faster); errors name the file; ``crossdali predict --engine`` selects either
-engine. The ``gpu`` test does the same with DALI's GPU decoder."""
+engine. Eager is CPU-only: asked for on CUDA it is refused before any CUDA work (runs without a GPU)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ torchvision = pytest.importorskip("torchvision")
 
 from PIL import Image  # noqa: E402
 
-from crossdali.common.classification import IMAGENET_STD, ClassificationTransform  # noqa: E402
+from crossdali.common.classification import ClassificationTransform  # noqa: E402
 from crossdali.common.data.sources import resolve_source  # noqa: E402
 from crossdali.common.eager import EagerPreprocessor, val_geometry  # noqa: E402
-from crossdali.common.errors import DataError  # noqa: E402
+from crossdali.common.errors import DataError, UsageError  # noqa: E402
 from crossdali.common.inference import (  # noqa: E402
     EAGER_MAX_IMAGES,
     EAGER_STARTS_FASTER,
@@ -113,13 +113,13 @@ def test_auto_takes_eager_for_small_runs_and_builds_no_pipeline_for_them(model, 
     small = EAGER_MAX_IMAGES["cpu"]
     assert choose_engine("auto", 1, device="cpu") == choose_engine("auto", small, device="cpu") == "eager"
     assert choose_engine("auto", small + 1, device="cpu") == "pipeline"
-    assert choose_engine("pipeline", 1, device="gpu") == "pipeline" and choose_engine("eager", 64, device="gpu") == "eager"
+    assert choose_engine("pipeline", 1, device="gpu") == "pipeline" and choose_engine("eager", 64, device="cpu") == "eager"
+    assert choose_engine("auto", 1, device="gpu") == choose_engine("auto", 1, device="gpu", one_shot=True) == "pipeline"
     # one request per process (the command): eager only where it also starts faster than the pipeline builds
-    for device in ("cpu", "gpu"):
-        expected = "eager" if EAGER_STARTS_FASTER[device] else "pipeline"
-        assert choose_engine("auto", 1, device=device, one_shot=True) == expected
-        assert choose_engine("auto", EAGER_MAX_IMAGES[device] + 1, device=device, one_shot=True) == "pipeline"
-        assert choose_engine("eager", 1, device=device, one_shot=True) == "eager"
+    expected = "eager" if EAGER_STARTS_FASTER["cpu"] else "pipeline"
+    assert choose_engine("auto", 1, device="cpu", one_shot=True) == expected
+    assert choose_engine("auto", small + 1, device="cpu", one_shot=True) == "pipeline"
+    assert choose_engine("eager", 1, device="cpu", one_shot=True) == "eager"
     with pytest.raises(ValueError, match="engine must be one of auto, eager, pipeline, got 'fast'"):
         choose_engine("fast", 1, device="cpu")
     with pytest.raises(ValueError, match="engine must be one of"):
@@ -154,22 +154,29 @@ def test_predict_command_engines_print_the_same(model, tiny_classification, tmp_
     assert exit_info.value.code == 2 and "invalid choice: 'fast'" in capsys.readouterr().err
 
 
-@pytest.mark.gpu
-def test_eager_on_the_gpu_is_within_one_level_of_the_gpu_pipeline(model, encoded):
-    """DALI's GPU decoder (hardware JPEG decoder share as the pipeline's) in both engines: runs of a few
-    images give the same bits; larger ones may be decoded by another JPEG backend in eager mode, up to one
-    uint8 level apart (why ``auto`` keeps the pipeline on the GPU); the predictions agree."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    eager, pipeline = _predictor(model, "eager", "cuda"), _predictor(model, "pipeline", "cuda")
-    images = [*encoded, *_awkward_images()]
-    for start, size in [(0, 1), (1, 7), (8, 16), (24, 16), (40, 16), (56, 7)]:
-        batch = images[start:start + size]
-        a, b = eager.preprocess(batch), pipeline.preprocess(batch)
-        assert a.device == b.device == torch.device("cuda", torch.cuda.current_device())
-        one_level = 1 / min(IMAGENET_STD) + 1e-6  # one uint8 step, normalised (std on the 0-255 scale)
-        assert torch.equal(a, b) if size == 1 else (a - b).abs().max().item() <= one_level, (start, size)
-    assert [p.top[0][0] for p in eager.predict(images[:4])] == [p.top[0][0] for p in pipeline.predict(images[:4])]
+def test_eager_on_cuda_is_refused_before_any_cuda_work(model, tiny_classification, tmp_path, capsys):
+    """``engine="eager"`` with a CUDA device: a ``UsageError`` naming ``--engine eager`` and the fix, from
+    ``choose_engine``, ``Predictor`` and ``EagerPreprocessor``, before CUDA is touched (so also here, where no
+    GPU is visible); ``crossdali predict --engine eager --device cuda`` prints it as one line and exits 2."""
+    refused = r"^--engine eager .*CPU only.*use --engine pipeline or auto, or --device cpu$"
+    initialised = torch.cuda.is_initialized()
+    with pytest.raises(UsageError, match=refused):
+        choose_engine("eager", 1, device="gpu")
+    for device in ("cuda", "cuda:0", torch.device("cuda", 0)):
+        with pytest.raises(UsageError, match=refused):
+            _predictor(model, "eager", device)
+    with pytest.raises(UsageError, match=refused):
+        EagerPreprocessor(options=PipelineOptions(batch_size=1, device="gpu", device_id=0, num_threads=1))
+    assert torch.cuda.is_initialized() == initialised and next(model.parameters()).device.type == "cpu"
+    ckpt = tmp_path / "checkpoint_best.pth"
+    torch.save({"model": model.state_dict(), "class_names": CLASSES,
+                "config": {"arch": "resnet18", "crop_size": CROP, "num_classes": len(CLASSES)}}, ckpt)
+    image = str(next((tiny_classification / "imagefolder" / "val").glob("*/*.jpg")))
+    assert run([str(ckpt), image, "--engine", "eager", "--device", "cuda"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.strip().splitlines()) == 1, out.err
+    assert out.err.startswith("crossdali predict: --engine eager ") and "--device cpu" in out.err
+    assert torch.cuda.is_initialized() == initialised
 
 
 @pytest.mark.slow
