@@ -55,6 +55,27 @@ def test_detection_val_exactly_once_over_shards(detection_root):
     assert sorted(seen) == sorted(im["id"] for im in coco["images"])
 
 
+def test_detection_two_pipelines_val_every_image_once_with_its_boxes(detection_root):
+    """Two pipelines' val parts are padded to their own longest: merged into one jax.Array, each image keeps
+    its own boxes and labels, as with one pipeline."""
+    coco = json.loads((detection_root / "annotations" / "instances_val.json").read_text())
+    by_id = {}
+    for pipelines in (1, 2):
+        loader = create_detection_loader(detection_root, train=False, batch_size=8, workers=1, pipelines=pipelines)
+        seen = {}
+        for _, boxes, labels, image_ids in loader:
+            boxes, labels = np.asarray(boxes), np.asarray(labels)
+            assert boxes.shape[:2] == labels.shape and not boxes[labels == 0].any()
+            for i, b, lab in zip(np.asarray(image_ids).tolist(), boxes, labels):
+                assert i not in seen
+                seen[i] = (b[lab > 0], lab[lab > 0])
+        assert sorted(seen) == sorted(im["id"] for im in coco["images"])
+        by_id[pipelines] = seen
+    for i, (b, lab) in by_id[1].items():
+        np.testing.assert_array_equal(by_id[2][i][0], b)
+        np.testing.assert_array_equal(by_id[2][i][1], lab)
+
+
 @pytest.mark.parametrize("layout", ["NFHWC", "NCFHW"])
 def test_clip_shapes(tiny_video, layout):
     loader = create_video_loader(tiny_video, train=True, batch_size=6, sequence_length=8, stride=2, crop_size=48,
