@@ -15,6 +15,10 @@ horovodrun over MPI)
 MPICH / Intel MPI      PMI_RANK                PMI_SIZE                  MPI_LOCALRANKID
 Slurm (srun)           SLURM_PROCID            SLURM_NTASKS              SLURM_LOCALID
 =====================  ======================  ========================  =====================
+
+A rank's GPU is its local rank when the process sees every GPU of its node (torchrun, horovodrun,
+``srun --gpus-per-node``), and GPU 0 when the launcher left it only its own (``srun --gpus-per-task=1``,
+``--gpu-bind``, a ``CUDA_VISIBLE_DEVICES`` per process): ``local_gpu``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ENGINES", "LAUNCHER_VARIABLES", "DistInfo", "detect_distributed", "gather_rows_by_sum"]
+from crossdali.common.errors import UsageError
+
+__all__ = ["ENGINES", "LAUNCHER_VARIABLES", "DistInfo", "cuda_visible_count", "detect_distributed",
+           "gather_rows_by_sum", "gpu_reason", "local_gpu"]
 
 #: launcher name -> (rank, world size, local rank) variable names, in detection order.
 LAUNCHER_VARIABLES: dict[str, tuple[str, str, str]] = {
@@ -60,11 +67,63 @@ class DistInfo:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def gpu_id(self, device_id: int | None = None) -> int:
-        """The GPU of this process on its node: ``device_id`` when given, else the local rank (one process
-        per GPU on every node). Never the global rank: rank 2 of a job of two nodes with two GPUs each
-        runs on GPU 0 of the second node, and that node has no GPU 2."""
-        return self.local_rank if device_id is None else device_id
+    def gpu_id(self, device_id: int | None = None, *, visible_gpus: int | None = None) -> int:
+        """The GPU of this process on its node: ``device_id`` when given, else ``local_gpu`` of the local rank
+        (one process per GPU on every node). Never the global rank: rank 2 of a job of two nodes with two GPUs
+        each runs on GPU 0 of the second node, and that node has no GPU 2.
+
+        ``visible_gpus``: how many GPUs this process sees, as its framework counts them; default
+        ``cuda_visible_count()``, and the local rank when that cannot tell (no ``CUDA_VISIBLE_DEVICES``)."""
+        if device_id is not None:
+            return device_id
+        if visible_gpus is None:
+            visible_gpus = cuda_visible_count()
+        return self.local_rank if visible_gpus is None else local_gpu(self.local_rank, visible_gpus)
+
+
+def cuda_visible_count(env: Mapping[str, str] | None = None) -> int | None:
+    """How many GPUs ``CUDA_VISIBLE_DEVICES`` leaves this process (a comma list of indices or UUIDs; empty:
+    none), without asking a framework; ``None`` when it is not set (the process sees all of its node's)."""
+    env = os.environ if env is None else env
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return len([part for part in value.split(",") if part.strip()])
+
+
+def local_gpu(local_rank: int, visible_gpus: int) -> int:
+    """The GPU index (as this process numbers them) that the process of ``local_rank`` should use, given how
+    many GPUs it sees (``torch.cuda.device_count()``, TF's physical GPUs, JAX's local GPUs, mxnet's
+    ``num_gpus()``, or ``cuda_visible_count()``).
+
+    One GPU visible: 0, whatever the local rank: the launcher bound the process to its GPU (Slurm's
+    ``--gpus-per-task=1`` or ``--gpu-bind``, a ``CUDA_VISIBLE_DEVICES`` per process), and asking for GPU
+    ``local_rank`` would fail deep in a pipeline build with "invalid device ordinal". Several visible: the
+    local rank (every process sees its node's GPUs). None visible: the local rank (a CPU run; nothing to
+    choose). Several but not enough for the local rank: a ``UsageError``, since any choice would put two
+    ranks on one GPU or pick one that is not there.
+    """
+    if visible_gpus == 1:
+        return 0
+    if visible_gpus == 0 or local_rank < visible_gpus:
+        return local_rank
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    raise UsageError(
+        f"local rank {local_rank} needs GPU {local_rank} but this process sees {visible_gpus} GPUs "
+        f"(CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}): give each process all the GPUs "
+        "of its node (srun --gpus-per-node, no CUDA_VISIBLE_DEVICES per process) or one GPU each "
+        "(srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES=<one id> per process)")
+
+
+def gpu_reason(local_rank: int, gpu: int, visible_gpus: int | None = None) -> str:
+    """Why a rank runs on ``gpu``, for the log: the one GPU the launcher left it, its local rank, or a
+    ``device_id`` given. ``visible_gpus`` defaults to ``cuda_visible_count()``."""
+    visible = cuda_visible_count() if visible_gpus is None else visible_gpus
+    if visible == 1 and gpu == 0:
+        return "the one GPU this process sees (bound by the launcher)"
+    if gpu == local_rank:
+        return "the local rank's"
+    return "device_id given"
 
 
 def _int(env: Mapping[str, str], name: str, launcher: str) -> int:

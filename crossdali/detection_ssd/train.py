@@ -121,7 +121,7 @@ def load_data(args, runtime: Runtime, backend: str):
     if backend == "synthetic":
         return _synthetic_loader(train_src, args, runtime), None, train_src.num_classes, names
     common = dict(backend=backend, batch_size=args.batch_size, workers=args.workers, seed=args.seed,
-                  dist=runtime.dist, device_id=runtime.dist.local_rank, hw_decoder_load=args.hw_decoder_load)
+                  dist=runtime.dist, device_id=runtime.gpu_id, hw_decoder_load=args.hw_decoder_load)
     return (create_detection_loader(train_src, train=True, checkpointing=True, **common),
             create_detection_loader(val_src, train=False, **common), train_src.num_classes, names)
 

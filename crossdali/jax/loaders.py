@@ -233,12 +233,15 @@ class SyntheticLoader:
 
 
 def default_device(device_id: int | None = None, dist: DistInfo | None = None) -> jax.Device:
-    """The GPU ``device_id`` (default: the local rank's) when JAX has GPUs, else the CPU."""
+    """The GPU ``device_id`` (default: the local rank's, or the one GPU a launcher bound this process to)
+    when JAX has GPUs, else the CPU."""
     gpus = _gpu_devices()
     if not gpus:
         return jax.devices("cpu")[0]
-    index = device_id if device_id is not None else (dist or DistInfo()).local_rank
-    return gpus[index % len(gpus)]
+    if device_id is not None:
+        return gpus[device_id % len(gpus)]
+    local = [d for d in gpus if d.process_index == jax.process_index()]
+    return local[(dist or DistInfo()).gpu_id(visible_gpus=len(local))]
 
 
 def create_classification_loader(

@@ -87,7 +87,7 @@ def initialize_distributed(dist: DistInfo, env: Mapping[str, str] | None = None)
                          "in every process")
     local_ids = None
     if not env.get("JAX_LOCAL_DEVICE_IDS") and local_process_count(dist.world_size, env) > 1:
-        local_ids = [dist.local_rank]
+        local_ids = [dist.gpu_id()]  # before JAX starts: CUDA_VISIBLE_DEVICES says whether the launcher bound a GPU
     log.info("jax.distributed: process %d of %d, coordinator %s", dist.rank, dist.world_size,
              address or "found by JAX")
     jax.distributed.initialize(coordinator_address=address, num_processes=dist.world_size, process_id=dist.rank,

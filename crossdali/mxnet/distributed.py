@@ -44,6 +44,11 @@ class Runtime:
     kvstore: object | None = None
     _metric_keys: set = field(default_factory=set)
 
+    @property
+    def gpu_id(self) -> int | None:
+        """The GPU of this rank (its DALI pipelines' ``device_id``); ``None`` on the CPU."""
+        return self.context.device_id if self.context.device_type == "gpu" else None
+
     def make_trainer(self, params, optimizer: str, optimizer_params: dict) -> mx.gluon.Trainer:
         if self.engine == "horovod":
             import horovod.mxnet as hvd
@@ -199,5 +204,6 @@ def init_distributed(*, engine: str = "auto") -> Runtime:
         num_gpus = mx.context.num_gpus()
         local = kvstore.rank % num_gpus if num_gpus else 0
         dist = DistInfo(rank=kvstore.rank, world_size=kvstore.num_workers, local_rank=local, launcher="dmlc")
-    context = mx.gpu(dist.local_rank) if mx.context.num_gpus() > 0 else mx.cpu()
+    num_gpus = mx.context.num_gpus()  # the local rank's GPU, or the one GPU a launcher bound this process to
+    context = mx.gpu(dist.gpu_id(visible_gpus=num_gpus)) if num_gpus > 0 else mx.cpu()
     return Runtime(dist=dist, context=context, engine=engine, kvstore=kvstore)

@@ -437,8 +437,8 @@ def create_classification_loader(
     require_mxnet_gpu(backend)
 
     if backend == "synthetic":
-        gpu_id = device_id if device_id is not None else dist.local_rank
-        context = mx.gpu(gpu_id) if mx.context.num_gpus() > 0 else mx.cpu()
+        num_gpus = mx.context.num_gpus()
+        context = mx.gpu(dist.gpu_id(device_id, visible_gpus=num_gpus)) if num_gpus > 0 else mx.cpu()
         return SyntheticIter(num_batches=plan.batches_per_epoch, batch_size=batch_size, crop_size=crop_size,
                              num_classes=source.num_classes, dtype=dtype, context=context)
     if backend == "native":

@@ -200,7 +200,7 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
     train_src, val_src = resolve_multilabel_splits(args, data, backend)
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   py_workers=max(1, args.workers // 2), seed=args.seed, dist=runtime.dist,
-                  device_id=runtime.dist.local_rank)
+                  device_id=runtime.gpu_id)
     train_loader = create_multilabel_loader(train_src, train=True, **common)
     val_loader = create_multilabel_loader(val_src, train=False, **common)
     return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
@@ -219,7 +219,7 @@ def load_data(args, runtime: Runtime, backend: str):
         runtime.barrier()  # other ranks wait for rank 0 to build the sample set
         data = ensure_classification(size=args.sample_size) / fmt
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
-                  seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank, dtype="float32",
+                  seed=args.seed, dist=runtime.dist, device_id=runtime.gpu_id, dtype="float32",
                   hw_decoder_load=args.hw_decoder_load)
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_source(data, "train", **check)

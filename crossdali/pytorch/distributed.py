@@ -30,6 +30,11 @@ class Runtime:
     device: torch.device
     engine: str  # "none" | "ddp" | "horovod"
 
+    @property
+    def gpu_id(self) -> int | None:
+        """The GPU of this rank (its DALI pipelines' ``device_id``); ``None`` on the CPU."""
+        return self.device.index if self.device.type == "cuda" else None
+
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.engine == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -198,9 +203,10 @@ def init_distributed(*, engine: str = "auto") -> Runtime:
         torch.distributed.init_process_group(backend=backend, rank=dist.rank, world_size=dist.world_size)
     elif engine != "none":
         raise ValueError(f"engine must be 'auto', 'ddp', 'horovod' or 'none', got {engine!r}")
-    if torch.cuda.is_available():
-        torch.cuda.set_device(dist.local_rank)
-        device = torch.device("cuda", dist.local_rank)
+    if torch.cuda.is_available():  # the local rank's GPU, or the one GPU a launcher bound this process to
+        gpu = dist.gpu_id(visible_gpus=torch.cuda.device_count())
+        torch.cuda.set_device(gpu)
+        device = torch.device("cuda", gpu)
     else:
         device = torch.device("cpu")
     return Runtime(dist=dist, device=device, engine=engine)

@@ -278,7 +278,7 @@ def create_classification_loader(
 
     if backend == "synthetic":
         on_gpu = torch.cuda.is_available()
-        device = torch.device("cuda", device_id if device_id is not None else dist.local_rank) if on_gpu \
+        device = torch.device("cuda", dist.gpu_id(device_id, visible_gpus=torch.cuda.device_count())) if on_gpu \
             else torch.device("cpu")
         g = torch.Generator().manual_seed(0)
         images = torch.randn((batch_size, 3, crop_size, crop_size), generator=g)

@@ -96,7 +96,7 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
     train_src, val_src = resolve_multilabel_splits(args, data, backend)
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   py_workers=max(1, args.workers // 2), seed=args.seed, dist=runtime.dist,
-                  device_id=runtime.dist.local_rank)  # NCHW batches: see load_data
+                  device_id=runtime.gpu_id)  # NCHW batches: see load_data
     train_loader = create_multilabel_loader(train_src, train=True, checkpointing=True, **common)
     val_loader = create_multilabel_loader(val_src, train=False, **common)
     return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
@@ -117,7 +117,7 @@ def load_data(args, runtime: Runtime, backend: str):
     if data is None:
         data = build_on_rank0(runtime, lambda: ensure_classification(size=args.sample_size)) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
-                  seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank,
+                  seed=args.seed, dist=runtime.dist, device_id=runtime.gpu_id,
                   dtype="float32", hw_decoder_load=args.hw_decoder_load)
     if getattr(args, "prefetch_queue_depth", None) is not None:  # from crossdali tune (resolve_defaults)
         common["prefetch_queue_depth"] = args.prefetch_queue_depth

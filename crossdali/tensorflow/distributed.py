@@ -31,6 +31,7 @@ class Runtime:
 
     def __init__(self, dist: DistInfo, engine: str) -> None:
         self.dist, self.engine, self.hvd, self.strategy = dist, engine, None, None
+        self.gpu_id: int | None = None  # the GPU of this rank (its DALI pipelines' device_id), set by setup
         if engine == "horovod":
             try:
                 import horovod.tensorflow as hvd  # defer: optional, built separately
@@ -104,7 +105,11 @@ def init_distributed(*, engine: str = "auto") -> Runtime:
         raise RuntimeError(f"{dist.launcher} started {dist.world_size} processes but --engine none averages no "
                            "gradients; use --engine horovod (pip install horovod with TensorFlow)")
     gpus = tf.config.list_physical_devices("GPU")
+    gpu = None
     if gpus:  # one GPU per process: TF sees only its own (it becomes /GPU:0), DALI counts CUDA devices
-        tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
+        gpu = dist.gpu_id(visible_gpus=len(gpus))  # the local rank's, or the one a launcher bound this process to
+        tf.config.set_visible_devices(gpus[gpu], "GPU")
         enable_memory_growth(strict=True)
-    return Runtime(dist, engine)
+    runtime = Runtime(dist, engine)
+    runtime.gpu_id = gpu
+    return runtime

@@ -254,7 +254,7 @@ def load_multilabel_data(args, runtime: Runtime, backend: str):
     data = args.data if args.data is not None else ensure_multilabel(size=args.sample_size)
     train_src, val_src = resolve_multilabel_splits(args, data, backend)
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
-                  seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank, layout="HWC")
+                  seed=args.seed, dist=runtime.dist, device_id=runtime.gpu_id, layout="HWC")
     train_loader = create_multilabel_loader(train_src, train=True, **common)
     val_loader = create_multilabel_loader(val_src, train=False, **common)
     return train_loader, val_loader, train_src.num_classes, list(train_src.classes)
@@ -271,7 +271,7 @@ def load_data(args, runtime: Runtime, backend: str):
         # renames it into place, so concurrent builders never see a partial set
         data = ensure_classification(size=args.sample_size) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
-                  seed=args.seed, dist=runtime.dist, device_id=runtime.dist.local_rank,
+                  seed=args.seed, dist=runtime.dist, device_id=runtime.gpu_id,
                   hw_decoder_load=args.hw_decoder_load, layout="HWC")
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_source(data, "train", **check)

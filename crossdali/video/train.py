@@ -98,7 +98,7 @@ def load_data(args, runtime: Runtime, backend: str):
                 _synthetic_loader(val_src.num_samples, num_classes, args, runtime, train=False), num_classes, names)
     common = {"backend": backend, "batch_size": args.batch_size, "sequence_length": args.clip_len,
               "stride": args.frame_stride, "step": args.clip_step, "crop_size": args.crop_size,
-              "workers": args.workers, "seed": args.seed, "dist": runtime.dist, "device_id": runtime.dist.local_rank,
+              "workers": args.workers, "seed": args.seed, "dist": runtime.dist, "device_id": runtime.gpu_id,
               "pipelines": args.pipelines}
     train_loader = create_video_loader(train_src, train=True, hflip=args.hflip, checkpointing=True,
                                        clips_per_read=args.clips_per_read, **common)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from crossdali.common.distributed import LAUNCHER_VARIABLES, DistInfo, detect_distributed
+from crossdali.common.distributed import LAUNCHER_VARIABLES, DistInfo, cuda_visible_count, detect_distributed, local_gpu
+from crossdali.common.errors import UsageError
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none"}
@@ -111,3 +112,38 @@ def test_inconsistent_values_fail_with_the_variable_named(launcher_env, variable
     launcher_env(variables)
     with pytest.raises(ValueError, match=message):
         detect_distributed()
+
+
+# -- which GPU a rank uses: all of its node's GPUs visible, or the one a launcher bound it to -------------
+
+@pytest.mark.parametrize("local_rank", [0, 1, 3, 7])
+def test_one_visible_gpu_is_gpu_0_for_any_local_rank(local_rank):
+    assert local_gpu(local_rank, 1) == 0  # srun --gpus-per-task=1: GPU <local rank> does not exist here
+
+
+@pytest.mark.parametrize("local_rank", [0, 1, 3])
+def test_every_gpu_visible_is_the_local_ranks(local_rank):
+    assert local_gpu(local_rank, 4) == local_rank
+
+
+def test_too_few_visible_gpus_names_the_local_rank_and_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    with pytest.raises(UsageError, match=r"local rank 3 .* sees 2 GPUs \(CUDA_VISIBLE_DEVICES='2,3'\).*"
+                                         r"--gpus-per-task=1"):
+        local_gpu(3, 2)
+
+
+@pytest.mark.parametrize("value, count", [(None, None), ("", 0), ("1", 1), ("0,1,2,3", 4),
+                                          ("GPU-8f1c2d3e-aaaa-bbbb-cccc-000000000000,1", 2)])
+def test_cuda_visible_count(value, count):
+    assert cuda_visible_count({} if value is None else {"CUDA_VISIBLE_DEVICES": value}) == count
+
+
+def test_gpu_id_default_follows_cuda_visible_devices_and_keeps_an_explicit_device_id(monkeypatch):
+    rank = DistInfo(rank=3, world_size=4, local_rank=1, launcher="slurm")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert rank.gpu_id() == 1  # no CUDA_VISIBLE_DEVICES: every GPU of the node, the local rank's
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert rank.gpu_id() == 0  # bound by the launcher
+    assert rank.gpu_id(visible_gpus=8) == 1  # the framework's count wins
+    assert rank.gpu_id(5) == 5  # a device_id given is used as given

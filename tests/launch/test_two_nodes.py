@@ -15,7 +15,7 @@ Checked, on the CPU:
   indices; two train epochs, so the reshuffle between epochs keeps the shards disjoint);
 - each rank's DALI pipelines are shard <global rank> of 4 and use GPU <local rank> (on the CPU,
   the GPU ``dali-gpu`` would use), read from the DEBUG line ``crossdali.common.loading.dali_loader``
-  logs on every rank;
+  logs on every rank; under ``srun --gpus-per-task=1`` (one ``CUDA_VISIBLE_DEVICES`` id per task) GPU 0;
 - the classification training script: rank 0 alone writes (checkpoints, metrics, log lines), every
   sample is counted once, and its reported top-1 equals one process evaluating its checkpoint.
 
@@ -108,9 +108,10 @@ def _torchrun_two_nodes(args: list[str], *, tmp: Path, data_root: Path) -> dict[
     return lines
 
 
-def _slurm_two_nodes(args: list[str], *, data_root: Path) -> dict[int, list[str]]:
+def _slurm_two_nodes(args: list[str], *, data_root: Path, gpus_per_task: bool = False) -> dict[int, list[str]]:
     """The 4 tasks ``srun --nodes 2 --ntasks-per-node 2`` would start, with its variables; returns each
-    rank's output lines."""
+    rank's output lines. ``gpus_per_task``: as with ``--gpus-per-task=1``, each task sees only its own GPU
+    (``CUDA_VISIBLE_DEVICES`` = its local rank's id)."""
     port = str(_free_port())
     procs = []
     for rank in range(WORLD):
@@ -120,6 +121,8 @@ def _slurm_two_nodes(args: list[str], *, data_root: Path) -> dict[int, list[str]
                  "SLURM_NNODES": str(NODES), "SLURM_NTASKS_PER_NODE": str(PER_NODE),
                  "SLURM_STEP_NUM_TASKS": str(WORLD), "SLURM_STEP_NUM_NODES": str(NODES),
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        if gpus_per_task:
+            slurm |= {"CUDA_VISIBLE_DEVICES": str(local), "SLURM_GPUS_PER_TASK": "1"}
         procs.append(subprocess.Popen([sys.executable, *args], env=_env(data_root, **slurm), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     return dict(enumerate(out.splitlines() for out in _wait_all(procs, "Slurm, 2 nodes x 2 tasks")))
@@ -196,6 +199,17 @@ def test_four_ranks_on_two_nodes_read_every_sample_once(tmp_path, data_root, ind
     _assert_shards_by_global_rank_gpus_by_local_rank(lines)
 
 
+def test_slurm_gpus_per_task_every_rank_uses_the_one_gpu_it_sees(tmp_path, data_root, index_lists):
+    """``srun --gpus-per-task=1``: GPU <local rank> does not exist in a task that sees one GPU, so every
+    rank's pipelines use GPU 0 (here: the GPU ``dali-gpu`` would use), and say why."""
+    data, _ = index_lists
+    lines = _slurm_two_nodes([str(Path(__file__)), str(data), str(tmp_path), "placement"], data_root=data_root,
+                             gpus_per_task=True)
+    for rank, placed in _placements(lines).items():
+        assert placed == {(rank, WORLD, rank % PER_NODE, rank, WORLD, 0)}, (rank, placed)
+        assert any("bound by the launcher" in line for line in lines[rank]), lines[rank][-20:]
+
+
 def test_torchrun_two_nodes_training_writes_once_and_reports_the_checkpoints_top1(
         tmp_path, data_root, tiny_classification):
     data = str(tiny_classification / "imagefolder")
@@ -226,9 +240,10 @@ def test_torchrun_two_nodes_training_writes_once_and_reports_the_checkpoints_top
     assert test["val_loss"] == pytest.approx(epoch["val_loss"], rel=1e-4)
 
 
-def _probe(data: Path, out: Path) -> None:
+def _probe(data: Path, out: Path, placement_only: bool = False) -> None:
     """Run by the tests above on every rank: which samples this rank's DALI loaders yield (labels are
-    sample indices), two train epochs and one val epoch, written to ``<out>/rank<R>.json``."""
+    sample indices), two train epochs and one val epoch, written to ``<out>/rank<R>.json``.
+    ``placement_only``: build the val loader (it logs its placement) and read nothing."""
     import logging
 
     from crossdali.pytorch import create_classification_loader
@@ -237,6 +252,11 @@ def _probe(data: Path, out: Path) -> None:
     logging.basicConfig(level=logging.DEBUG, format="%(message)s")  # the loaders' placement line
     runtime = init_distributed()
     common = dict(backend="dali-cpu", crop_size=16, workers=1, dist=runtime.dist, data_format="filelist")
+    if placement_only:
+        create_classification_loader(data, train=False, batch_size=8, **common)
+        runtime.barrier()
+        runtime.shutdown()
+        return
     train = create_classification_loader(data, train=True, batch_size=TRAIN_BATCH, **common)
     val = create_classification_loader(data, train=False, batch_size=8, **common)
     seen = {"train": [[i for _, labels in train for i in labels.tolist()] for _ in range(2)],
@@ -249,4 +269,4 @@ def _probe(data: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    _probe(Path(sys.argv[1]), Path(sys.argv[2]))
+    _probe(Path(sys.argv[1]), Path(sys.argv[2]), placement_only=sys.argv[3:] == ["placement"])

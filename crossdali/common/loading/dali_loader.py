@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from crossdali.common.distributed import DistInfo, gpu_reason
 from crossdali.common.errors import UsageError
 from crossdali.common.loading.epochs import LastBatchPolicy
 from crossdali.common.loading.global_order import GlobalOrder, rank_positions, resume_point
@@ -20,6 +21,15 @@ from crossdali.common.options import PipelineOptions, sub_shard_options
 __all__ = ["DALIIteratorLoader"]
 
 log = logging.getLogger(__name__)
+
+
+def _cpu_run_gpu(dist: DistInfo) -> str:
+    """The GPU a dali-cpu rank would use under dali-gpu, for the log; a CPU run does not fail over it."""
+    try:
+        gpu = dist.gpu_id()
+    except UsageError as e:
+        return f"none: {e}"
+    return f"{gpu}: {gpu_reason(dist.local_rank, gpu)}"
 
 
 class DALIIteratorLoader:
@@ -65,8 +75,9 @@ class DALIIteratorLoader:
         self._pipeline_options = sub_shard_options(options, plan.pipelines)
         dist = plan.dist  # every rank's placement, for --debug: a multi-node job shows its shards and GPUs here
         log.debug("rank %d of %d (local rank %d): DALI shard %d of %d on %s", dist.rank, dist.world_size,
-                  dist.local_rank, options.shard_id, options.num_shards, f"GPU {options.device_id}"
-                  if options.device == "gpu" else f"the CPU (dali-gpu would use GPU {dist.gpu_id()})")
+                  dist.local_rank, options.shard_id, options.num_shards,
+                  f"GPU {options.device_id}: {gpu_reason(dist.local_rank, options.device_id)}"
+                  if options.device == "gpu" else f"the CPU (dali-gpu would use GPU {_cpu_run_gpu(dist)})")
         self._batches = 0  # batches yielded in the epoch in progress
         self.order = options.global_order  # where the pipelines started in the global order (None: sharded)
         self._consumed = 0  # samples yielded in the epoch in progress (global order)
