@@ -86,6 +86,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="also the DALI CPU and GPU (hardware share 1) rows with these augmentation policies, "
                              "comma-separated (autoaugment,randaugment,trivialaugment; crossdali.common.augment): what "
                              "each costs beside the plain rows (docs/benchmarks.md#auto-augment)")
+    parser.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
+                        help="only the loader rows whose name contains SUBSTRING (repeatable), e.g. --only DALI")
     parser.add_argument("--skip-train", action="store_true", help="only the bare loader measurement")
     parser.add_argument("--skip-loader", action="store_true", help="only the training measurement")
     parser.add_argument("--min-seconds", type=float, default=5.0,
@@ -607,6 +609,8 @@ def _measure(args: argparse.Namespace, device: torch.device, load: EngineLoad) -
             for share in args.pipeline_hw_shares:
                 configs.append((f"DALI GPU hw_decoder_load={share:g}, {k} pipelines",
                                 dict(backend="dali-gpu", hw_decoder_load=share, **split)))
+    if args.only:
+        configs = [c for c in configs if any(o in c[0] for o in args.only)]
 
     results, train = [], []
     report = {

@@ -29,6 +29,18 @@ def _run(module: str, out: Path, data_root: Path, *extra: str) -> dict:
     return json.loads((out / f"{name}.json").read_text())
 
 
+def test_classification_benchmark_policy_rows_only(tmp_path, data_root):
+    """``--only`` keeps the rows asked for: here the DALI CPU row beside its augmentation-policy row, each a
+    whole pass over the tiny train split per epoch, the policy recorded in its row."""
+    report = _run("benchmarks.classification_loaders", tmp_path, data_root, "--skip-train",
+                  "--auto-augment", "trivialaugment", "--only", "DALI CPU")
+    loader = {r["name"]: r for r in report["loader"]}  # --smoke adds the 2-pipeline row
+    assert set(loader) == {"DALI CPU", "DALI CPU, 2 pipelines", "DALI CPU, trivialaugment"}, set(loader)
+    assert loader["DALI CPU"]["auto_augment"] == "none" and loader["DALI CPU, trivialaugment"]["auto_augment"] == "trivialaugment"
+    for row in loader.values():
+        assert "error" not in row and row["epochs"] >= 2 and row["images"] == 264 * row["epochs"], row
+
+
 def test_classification_benchmark_smoke(tmp_path, data_root):
     import torch
 
