@@ -4,6 +4,7 @@
     python -m benchmarks.detection_loaders                         # on a GPU machine (minutes): results/latest
     python -m benchmarks.detection_loaders --out /tmp/b --smoke    # check the script on a CPU machine
     python -m benchmarks.detection_loaders --cpu --workers 2       # DALI CPU vs torchvision on this CPU only
+    python -m crossdali.common.plugins build; python -m benchmarks.detection_loaders --fused-colour  # + fused rows
 
 The same COCO-format JPEGs for every loader (the ``bench`` detection sample set: 4,096 train
 images of about 70 KB, built here from scikit-image's photos; no pycocotools needed). The
@@ -21,13 +22,21 @@ alike; each loader's images/s is its median round, and every round is recorded. 
 
 DALI GPU runs at the first ``--hw-loads`` value (the row of the three-way comparison), then as extras:
 with each further ``--pipelines`` count per shard (merged into each batch; ``--workers`` threads each),
-with the canvas-free zoom-out (``--gpu-canvas-free``: ``DetectionTransform(canvas_free=True)``), and at
-the other ``--hw-loads`` values. Every row records its ``pipelines`` and ``canvas_free``.
+with the canvas-free zoom-out (``--gpu-canvas-free``: ``DetectionTransform(canvas_free=True)``), with the
+fused colour operator (``--fused-colour``: ``DetectionTransform(fused_colour=True)``, one row per ``--pipelines``
+count; the plugin must be built, ``python -m crossdali.common.plugins build``, else the rows record the error), and
+at the other ``--hw-loads`` values. Every row records its ``pipelines``, ``canvas_free`` and ``fused_colour``.
+
+Engine load: on a GPU machine every row timed there carries ``engine_load``, the mean (and max) percent of the
+GPU's SMs, NVDEC, NVJPG, ... from ``nvidia-smi dmon`` over its timed window (``benchmarks/engine_load.py``),
+printed beside its images/s; the raw dmon lines go to ``detection_loaders_dmon.log``. Without nvidia-smi (CPU,
+``--smoke`` there, ``--cpu``) no row has it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -40,6 +49,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import cpu_model, usage_error
+from benchmarks.engine_load import EngineLoad
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.data.sample_data.detection import ensure_detection
 from crossdali.common.detection import DetectionTransform, resolve_detection_source
@@ -64,6 +74,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="DALI GPU pipelines per shard, one row each at the first --hw-loads value")
     parser.add_argument("--gpu-canvas-free", action=argparse.BooleanOptionalAction, default=True,
                         help="a DALI GPU row with the canvas-free zoom-out (one pipeline)")
+    parser.add_argument("--fused-colour", action=argparse.BooleanOptionalAction, default=False,
+                        help="DALI GPU rows with the fused colour operator, one per --pipelines count (build the "
+                             "plugin first: python -m crossdali.common.plugins build)")
     parser.add_argument("--budget-s", type=float, default=330.0, help="skip loaders once this much time has passed")
     parser.add_argument("--smoke", action="store_true", help="CPU-only check: tiny set, 2 workers, short timing")
     parser.add_argument("--cpu", action="store_true",
@@ -74,7 +87,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
     """The DALI GPU rows: the first ``--hw-loads`` value (the three-way comparison's row), then the same
-    with each further ``--pipelines`` count and the canvas-free zoom-out, then the other hw loads."""
+    with each further ``--pipelines`` count, the canvas-free zoom-out and the fused colour operator (at each
+    ``--pipelines`` count), then the other hw loads."""
     try:
         loads = [float(h) for h in args.hw_loads.split(",") if h]
         counts = [int(p) for p in args.pipelines.split(",") if p]
@@ -93,18 +107,25 @@ def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
     if args.gpu_canvas_free:
         rows.append((f"{first}, canvas-free", dict(backend="dali-gpu", hw_decoder_load=loads[0],
                                                    transform=DetectionTransform(canvas_free=True))))
+    if args.fused_colour:
+        fused = DetectionTransform(fused_colour=True)
+        rows += [(f"{first}, fused colour" + (f", {p} pipelines" if p != 1 else ""),
+                  dict(backend="dali-gpu", hw_decoder_load=loads[0], transform=fused, pipelines=p))
+                 for p in dict.fromkeys([1, *counts])]
     return rows + [(f"DALI GPU hw_decoder_load={h:g}", dict(backend="dali-gpu", hw_decoder_load=h)) for h in loads[1:]]
 
 
 def _row(name: str, cfg: dict) -> dict:
-    """A result row's settings: backend, decoder share, pipelines per shard and whether the zoom-out ran
-    without the canvas (DALI's default: on the CPU only, ``crossdali.common.detection``; None for native)."""
+    """A result row's settings: backend, decoder share, pipelines per shard, whether the zoom-out ran
+    without the canvas (DALI's default: on the CPU only, ``crossdali.common.detection``) and whether the
+    colour jitter + normalisation ran as the plugin's one operator (both None for native)."""
     transform = cfg.get("transform")
     canvas_free = transform.canvas_free if transform is not None else None
     if canvas_free is None and cfg["backend"] != "native":
         canvas_free = cfg["backend"] == "dali-cpu"
+    fused_colour = None if cfg["backend"] == "native" else transform is not None and transform.fused_colour
     return {"name": name, "backend": cfg["backend"], "hw_decoder_load": cfg.get("hw_decoder_load"),
-            "pipelines": cfg.get("pipelines", 1), "canvas_free": canvas_free}
+            "pipelines": cfg.get("pipelines", 1), "canvas_free": canvas_free, "fused_colour": fused_colour}
 
 
 def _forever(loader):
@@ -112,9 +133,11 @@ def _forever(loader):
         yield from loader
 
 
-def _measure(loader, device: torch.device, *, seconds: float, warmup: int, it=None) -> dict:
+def _measure(loader, device: torch.device, *, seconds: float, warmup: int, it=None,
+             load: EngineLoad | None = None) -> dict:
     """Warm up, then count images for ``seconds`` (at least 3 batches), crossing epochs if needed.
-    ``it``: an iterator over ``loader``'s batches to go on with (``_forever(loader)``)."""
+    ``it``: an iterator over ``loader``'s batches to go on with (``_forever(loader)``); ``load``: running
+    dmon, whose means over the timed window become ``engine_load``."""
     it = it if it is not None else _forever(loader)
     for _ in range(warmup):
         next(it)
@@ -127,10 +150,21 @@ def _measure(loader, device: torch.device, *, seconds: float, warmup: int, it=No
         labels = labels.to(device, non_blocking=True)
         n, steps = n + images.shape[0], steps + 1
     _sync(device)
-    elapsed = time.perf_counter() - start
+    end = time.perf_counter()
+    elapsed = end - start
     assert images.shape[1:] == (3, 300, 300) and offsets.shape[1:] == (8732, 4), (images.shape, offsets.shape)
-    return {"images": n, "batches": steps, "seconds": elapsed, "img_s": n / elapsed,
-            "positive_anchors_per_image": float((labels > 0).sum()) / images.shape[0]}
+    out = {"images": n, "batches": steps, "seconds": elapsed, "img_s": n / elapsed,
+           "positive_anchors_per_image": float((labels > 0).sum()) / images.shape[0]}
+    if load is not None and load.available:
+        out["engine_load"] = load.mean(start, end)
+    return out
+
+
+def _engine_text(load: dict | None) -> str:
+    """The console's share of a row's engine load: SMs, NVDEC and NVJPG means, when dmon ran."""
+    if not load:
+        return ""
+    return "".join(f"  {name} {load[name]:.0f} %" for name in ("sm", "dec", "jpg") if name in load)
 
 
 def _sync(device: torch.device) -> None:
@@ -157,7 +191,7 @@ def _plot_pil(names: list[str], values: list[float], title: str, png: Path) -> N
     """The same chart drawn with Pillow (the GPU machine has no matplotlib)."""
     from PIL import Image, ImageDraw
 
-    w, row, left = 1000, 44, 300
+    w, row, left = 1100, 44, 380
     img = Image.new("RGB", (w, 70 + row * len(names)), "white")
     draw = ImageDraw.Draw(img)
     draw.multiline_text((10, 8), title, fill="black")
@@ -167,7 +201,7 @@ def _plot_pil(names: list[str], values: list[float], title: str, png: Path) -> N
         length = max(1, int((w - left - 140) * v / top))
         color = (118, 185, 0) if name.startswith("DALI GPU") else (90, 125, 154) if name.startswith("DALI") else (153,) * 3
         draw.rectangle([left, y, left + length, y + row - 12], fill=color)
-        draw.text((10, y + 10), name[:48], fill="black")
+        draw.text((10, y + 10), name[:60], fill="black")
         draw.text((left + length + 8, y + 10), f"{v:,.0f} img/s", fill="black")
     img.save(png)
 
@@ -224,23 +258,11 @@ def main(args: argparse.Namespace) -> dict:
         report["rounds"] = args.rounds
         _measure_alternating(configs, source, args, device, report, json_path)
         configs = []
-    for name, cfg in configs:
-        if time.perf_counter() - t_start > args.budget_s:
-            report["loader"].append({"name": name, "backend": cfg["backend"], "skipped": "time budget spent"})
-            print(f"{name:40s} skipped (time budget)", flush=True)
-            continue
-        row = _row(name, cfg)
-        try:
-            loader = create_detection_loader(source, train=True, batch_size=args.batch_size, workers=args.workers,
-                                              device_id=0, **cfg)
-            row |= _measure(loader, device, seconds=args.seconds, warmup=args.warmup_batches)
-            print(f"{name:40s} {row['img_s']:9,.0f} img/s", flush=True)
-            del loader
-        except Exception as e:  # noqa: BLE001 - a benchmark run is unattended: record and go on
-            row["error"] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        report["loader"].append(row)
-        _finish(report, json_path)
+    # dmon only where the batches go to the GPU; without nvidia-smi EngineLoad starts nothing
+    with EngineLoad(log=args.out / f"{stem}_dmon.log") if device.type == "cuda" else contextlib.nullcontext() as load:
+        if load is not None and load.available:
+            report["engine_load"] = "mean nvidia-smi dmon -s u percentages over each row's timed window (1 s samples)"
+        _measure_rows(configs, source, args, device, report, json_path, t_start, load)
     _finish(report, json_path)
     try:
         plot(report, png_path)
@@ -248,6 +270,29 @@ def main(args: argparse.Namespace) -> dict:
     except Exception:  # noqa: BLE001 - the JSON is what matters
         traceback.print_exc()
     return report
+
+
+def _measure_rows(configs, source, args, device, report: dict, json_path: Path, t_start: float,
+                  load: EngineLoad | None) -> None:
+    """Each loader in turn, warmed up and timed once; a failure is recorded in its row and the next runs."""
+    for name, cfg in configs:
+        if time.perf_counter() - t_start > args.budget_s:
+            report["loader"].append(_row(name, cfg) | {"skipped": "time budget spent"})
+            print(f"{name:56s} skipped (time budget)", flush=True)
+            continue
+        row = _row(name, cfg)
+        try:
+            loader = create_detection_loader(source, train=True, batch_size=args.batch_size, workers=args.workers,
+                                              device_id=0, **cfg)
+            row |= _measure(loader, device, seconds=args.seconds, warmup=args.warmup_batches, load=load)
+            print(f"{name:56s} {row['img_s']:9,.0f} img/s{_engine_text(row.get('engine_load'))}", flush=True)
+            del loader
+        except Exception as e:  # noqa: BLE001 - a benchmark run is unattended: record and go on
+            row["error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            print(f"{name:56s} FAILED: {row['error'].splitlines()[0]}", flush=True)
+        report["loader"].append(row)
+        _finish(report, json_path)
 
 
 def _measure_alternating(configs, source, args, device, report: dict, json_path: Path) -> None:

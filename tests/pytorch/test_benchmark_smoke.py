@@ -120,7 +120,29 @@ def test_detection_benchmark_smoke(tmp_path, data_root):
         assert row["positive_anchors_per_image"] > 1, row  # the box encoder matched real objects
         assert row["pipelines"] == 1, row
     assert rows["dali-cpu"]["canvas_free"] is True and rows["native"]["canvas_free"] is None
+    assert rows["dali-cpu"]["fused_colour"] is False and rows["native"]["fused_colour"] is None
+    if shutil.which("nvidia-smi") is None:  # no dmon: no engine load, no log
+        assert all("engine_load" not in row for row in rows.values()) and "engine_load" not in report
+        assert not (tmp_path / "detection_loaders_dmon.log").exists()
     assert (tmp_path / "detection_loaders.png").stat().st_size > 10_000
+
+
+def test_detection_benchmark_fused_colour_rows():
+    """``--fused-colour`` adds a DALI GPU row per ``--pipelines`` count with the plugin's colour operator, after
+    the three-way comparison's row; without it no row fuses."""
+    from benchmarks.detection_loaders import _gpu_configs, _row, get_args_parser
+
+    def rows(*argv):
+        return [_row(name, cfg) for name, cfg in _gpu_configs(get_args_parser().parse_args(["--hw-loads", "1.0", *argv]))]
+
+    plain = rows("--pipelines", "1,2")
+    assert plain[0]["name"] == "DALI GPU hw_decoder_load=1" and not any(r["fused_colour"] for r in plain), plain
+    fused = rows("--pipelines", "1,2", "--fused-colour")
+    assert fused[:len(plain)] == plain
+    assert [(r["name"], r["pipelines"], r["fused_colour"], r["canvas_free"]) for r in fused[len(plain):]] == [
+        ("DALI GPU hw_decoder_load=1, fused colour", 1, True, False),
+        ("DALI GPU hw_decoder_load=1, fused colour, 2 pipelines", 2, True, False)]
+    assert [r["pipelines"] for r in rows("--pipelines", "1", "--fused-colour") if r["fused_colour"]] == [1]
 
 
 def test_video_benchmark_smoke(tmp_path, data_root):
