@@ -14,8 +14,13 @@
 #   training_speed_jax         --framework jax
 #   training_speed_tensorflow  --framework tensorflow --modes default --backends synthetic,dali-gpu (XLA rows take
 #                              minutes each; needs TensorFlow staged)
-#   detection_loaders, video_decode, inference, external_source, loader_formats, proxy_loader
-#   predict_latency            Predictor's eager and pipeline engines against PIL + torchvision, and the crossover
+#   detection_loaders          builds the custom operator plugin, then every row incl. --fused-colour
+#   video_decode, inference, external_source, loader_formats, proxy_loader (video_decode needs PyAV)
+#   auto_augment               the loader's DALI rows with each --auto-augment policy (--only DALI) -> auto_augment/
+#                              classification_loaders.json, then ResNet-50 training images/s per policy -> training_speed_auto_augment.json
+#   global_order               the PyTorch script's training images/s, sharded order vs --global-order
+#                              -> training_speed_global_order.json
+#   predict_latency            Predictor's pipeline engine against PIL + torchvision (eager is CPU-only)
 #   check_speed                --size bench --device gpu --copies 8 (the data checker on 65,560 files)
 #   multi_gpu                  --gpus 1,2 --launchers torchrun (needs 2 GPUs)
 #   tf_vs_torch                (needs TensorFlow staged)
@@ -38,10 +43,10 @@
 # (stage-tf: /tmp/tfenv.sh is sourced where it exists). An installed DALI is used as it is.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-(( $# )) || { sed -n '2,28p' "$0"; exit 2; }
+(( $# )) || { sed -n '2,33p' "$0"; exit 2; }
 phases=(tests parity optical_flow classification_loaders training_speed training_speed_jax training_speed_tensorflow
         detection_loaders video_decode inference predict_latency external_source loader_formats proxy_loader check_speed
-        multi_gpu tf_vs_torch tune object_store soak)
+        multi_gpu tf_vs_torch tune object_store soak auto_augment global_order)
 for phase in "$@"; do
   [[ " ${phases[*]} all " == *" $phase "* ]] || { echo "unknown phase '$phase': one of ${phases[*]} all" >&2; exit 2; }
 done
@@ -101,7 +106,8 @@ run_phase() {
     training_speed_jax) sample_sets; bench training_speed_jax training_speed 590 --framework jax ;;
     training_speed_tensorflow) has tensorflow "$1" && { sample_sets
       bench training_speed_tensorflow training_speed 590 --framework tensorflow --modes default --backends synthetic,dali-gpu; } ;;
-    detection_loaders) bench detection_loaders detection_loaders 420 ;;
+    detection_loaders) step plugin_build 240 "$py" -m crossdali.common.plugins build
+      bench detection_loaders detection_loaders 540 --seconds 10 --fused-colour --budget-s 480 ;;
     video_decode) has av "$1" && bench video_decode video_decode 590 --work "$CROSSDALI_DATA/video-bench" ;;
     inference) sample_sets; bench inference inference 420 ;;
     predict_latency) sample_sets; bench predict_latency predict_latency 420 ;;
@@ -115,6 +121,20 @@ run_phase() {
     tune) sample_sets; bench tune tune 590 ;;
     object_store) has moto "$1" && has boto3 "$1" && { sample_sets; bench object_store object_store 580 --rounds 2; } ;;
     soak) sample_sets; bench soak soak 590 --minutes 8 ;;
+    auto_augment) sample_sets
+      bench auto_augment_loaders classification_loaders 300 --skip-train --hw-loads 1 --threads "" --pipelines "" \
+        --auto-augment autoaugment,randaugment,trivialaugment --only DALI
+      mkdir -p "$out/auto_augment" && mv -f "$out/classification_loaders.json" "$out/classification_loaders.png" "$out/auto_augment/" 2> /dev/null
+      bench training_speed_auto_augment training_speed 590 --framework pytorch --backends dali-gpu --modes tuned \
+        --variant none= --variant trivialaugment='--auto-augment trivialaugment' \
+        --variant randaugment='--auto-augment randaugment' --variant autoaugment='--auto-augment autoaugment'
+      mv -f "$out/training_speed_pytorch.json" "$out/training_speed_auto_augment.json" 2> /dev/null
+      mv -f "$out/training_speed_pytorch.png" "$out/training_speed_auto_augment.png" 2> /dev/null ;;
+    global_order) sample_sets
+      bench training_speed_global_order training_speed 590 --framework pytorch --modes tuned --backends dali-gpu \
+        --variant sharded= --variant global=--global-order
+      mv -f "$out/training_speed_pytorch.json" "$out/training_speed_global_order.json" 2> /dev/null
+      mv -f "$out/training_speed_pytorch.png" "$out/training_speed_global_order.png" 2> /dev/null ;;
   esac
 }
 
