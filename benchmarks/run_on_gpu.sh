@@ -25,7 +25,7 @@
 #   multi_gpu                  --gpus 1,2 --launchers torchrun (needs 2 GPUs)
 #   tf_vs_torch                (needs TensorFlow staged)
 #   tune                       crossdali tune (60 s), then every configuration of its grid, in one call (about
-#                              8 minutes) -> tune.json
+#                              9 minutes) -> tune.json
 #   object_store               --rounds 2: the PyTorch loader from moto's S3 server on the loopback vs local disk
 #                              (needs boto3 and moto[server] importable: wheels carried where there is no index)
 #   soak                       --minutes 8: memory over the PyTorch script's default command (30 minutes by

@@ -48,13 +48,13 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-b", "--batch-size", type=int, default=256)
     parser.add_argument("--crop-size", type=int, default=224)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds for the tune")
-    parser.add_argument("--sweep-warmup", type=float, default=0.4, help="seconds of warm-up per sweep trial")
-    parser.add_argument("--sweep-window", type=float, default=1.0, help="timed seconds per sweep trial")
-    parser.add_argument("--sweep-limit", type=float, default=400.0,
+    parser.add_argument("--sweep-warmup", type=float, default=0.3, help="seconds of warm-up per sweep trial")
+    parser.add_argument("--sweep-window", type=float, default=0.6, help="timed seconds per sweep trial")
+    parser.add_argument("--sweep-limit", type=float, default=420.0,
                         help="seconds the sweep may take at most (then the report says it is not complete)")
-    parser.add_argument("--top", type=int, default=5, help="the sweep's fastest configurations measured again")
+    parser.add_argument("--top", type=int, default=3, help="the sweep's fastest configurations measured again")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the last phase")
-    parser.add_argument("--window", type=float, default=2.0, help="timed seconds per trial of the last phase")
+    parser.add_argument("--window", type=float, default=1.5, help="timed seconds per trial of the last phase")
     parser.add_argument("--cpu", action="store_true", help="dali-cpu even where a GPU is visible")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny set, batch 32 at 64 px, 4 s tune, very short windows: checks the script runs")
@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> dict:
     if args.smoke:
         args.size, args.batch_size, args.crop_size, args.budget = "tiny", 32, 64, 4.0
         args.sweep_warmup, args.sweep_window, args.window, args.rounds, args.top = 0.05, 0.15, 0.3, 2, 2
-    data = args.data or ensure_classification(args.data_root, size=args.size) / "imagefolder"
+    data = args.data or ensure_classification(args.data_root, size=args.size, formats=("imagefolder",)) / "imagefolder"
     source = resolve_source(data, "train")
     grid = default_grid(backend, machine, args.batch_size)
     defaults = default_settings(backend, machine)

@@ -468,7 +468,7 @@ def _default_data(kind: str, size: str = "tiny") -> Path | None:
         if kind == "classification":
             from crossdali.common.data.sample_data import ensure_classification  # defer: PIL
 
-            return ensure_classification(size=size) / "imagefolder"
+            return ensure_classification(size=size, formats=("imagefolder",)) / "imagefolder"  # all it reads
         if kind == "video":
             from crossdali.common.data.sample_data.video import ensure_video  # defer: PyAV
 

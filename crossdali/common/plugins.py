@@ -127,8 +127,9 @@ def _plan(cuda: bool | None) -> dict:
         raise PluginBuildError("the GPU build needs nvcc (CUDA 13, as DALI's cuda130 wheel): none found on PATH or "
                                f"in $CUDA_HOME/bin; `{BUILD_COMMAND} --cpu-only` builds the CPU operators")
     cuda_inc = _wheel_cuda_include()
-    if cuda_inc is None and nvcc:
-        cuda_inc = Path(nvcc).resolve().parents[1] / "include"
+    headers_from = nvcc or (_nvcc() if cuda_inc is None else None)  # a CPU-only build still needs the headers
+    if cuda_inc is None and headers_from:
+        cuda_inc = Path(headers_from).resolve().parents[1] / "include"
     if cuda_inc is None or not (cuda_inc / "cuda_runtime.h").is_file():
         raise PluginBuildError("DALI's headers include cuda_runtime.h: install the pinned CUDA header wheels "
                                "(`pip install -r requirements/base.txt`: nvidia-cuda-runtime, nvidia-cuda-crt, "
@@ -234,11 +235,17 @@ def load_plugin(path: str | os.PathLike | None = None) -> Path:
 def _built_library() -> Path:
     """The build this environment would make (with the GPU operators where nvcc is found) if it exists,
     else the CPU-only build if that exists, else the path of the former."""
-    try:
-        paths = [plugin_library(), plugin_library(cuda=False)]
-    except PluginBuildError as e:
-        raise UsageError(f"crossdali's DALI plugin is not built and cannot be here: {e}") from None
-    return next((p for p in paths if p.is_file()), paths[0])
+    paths = []
+    for cuda in (None, False):
+        try:
+            paths.append(plugin_library(cuda=cuda))
+        except PluginBuildError as e:
+            if not paths:
+                raise UsageError(f"crossdali's DALI plugin is not built and cannot be here: {e}") from None
+            break
+        if paths[-1].is_file():
+            return paths[-1]
+    return paths[0]
 
 
 def color_jitter_normalize(images, *, hue, saturation, brightness, contrast, mirror, mean, std):

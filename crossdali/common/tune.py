@@ -205,17 +205,30 @@ def tune(source, *, backend: str, batch_size: int, crop_size: int, budget_s: flo
     defaults = default_settings(backend, machine)
     grid = grid or default_grid(backend, machine, batch_size)
     planned = 1 + sum(len([v for v in grid.values(k) if v != getattr(defaults, k)]) for k in KNOBS) + 2
-    window = min(3.0, max(0.2, budget_s / (planned * 1.9)))  # a trial costs about build + 1.5 windows
-    warmup = window / 2
+    window = min(3.0, max(0.2, budget_s / (planned * 1.9)))  # first guess: a trial costs about 1.9 windows
     trials: list[Trial] = []
+    windows: list[float] = []
+
+    def build_cost() -> float:
+        # a trial costs its build (pipelines, GPU memory: seconds on a GPU) plus 1.5 windows; the slowest build
+        # so far is what the next may cost (the first also starts DALI's singletons once: left out when possible)
+        builds = [max(0.0, t.seconds - 1.5 * w) for t, w in zip(trials, windows)]
+        return max(builds[1:] or builds)
+
+    def next_window() -> float:
+        # once two builds are known, the window shrinks so that every planned trial fits the budget
+        if len(trials) < 2:
+            return window
+        left = max(1, planned - len(trials))
+        return min(window, max(0.2, ((deadline - time.perf_counter()) / left - build_cost()) / 1.5))
 
     def run(settings: TuneSettings, note: str = "") -> Trial | None:
-        # the slowest trial so far is what the next may cost (the first builds DALI's singletons once: left out)
-        longest = max((t.seconds for t in trials[1:]), default=trials[0].seconds if trials else 0.0)
-        if trials and time.perf_counter() + longest > deadline:
+        w = next_window()
+        if trials and time.perf_counter() + build_cost() + 1.5 * w > deadline:
             return None
         trial = measure(source, settings, backend=backend, batch_size=batch_size, crop_size=crop_size,
-                        warmup_s=warmup, window_s=window, deadline=deadline, device_id=device_id)
+                        warmup_s=w / 2, window_s=w, deadline=deadline, device_id=device_id)
+        windows.append(w)
         trials.append(trial)
         report(f"trial {len(trials):2d}: {settings.label():<48} {trial.images_per_s:10,.0f} images/s  "
                f"({trial.seconds:.1f} s){note}")
