@@ -155,7 +155,7 @@ def main(args: argparse.Namespace) -> list[dict]:
     counts = [int(g) for g in args.gpus.split(",")]
     if args.data_backend == "dali-gpu" and visible < max(counts):
         raise usage_error(f"--gpus {args.gpus} needs {max(counts)} GPUs, {visible} visible: pass --gpus 1,{visible or 1}")
-    root = ensure_classification(size=args.sample_size)  # build once, before any rank starts
+    root = ensure_classification(size=args.sample_size, formats=("imagefolder",))  # build once, before any rank starts
     val_images = resolve_source(root / "imagefolder", "val", validate=False).num_samples  # the script's val split
     results = []
     for launcher in args.launchers.split(","):

@@ -230,7 +230,9 @@ def load_data(args, backend: str, sharding=None):
     auto_augment = resolve_auto_augment(args, backend=backend)  # refused here where nothing would run it
     if args.multi_label:
         return load_multilabel_data(args, backend)
-    data = args.data if args.data is not None else ensure_classification(size=args.sample_size) / "imagefolder"
+    data = args.data
+    if data is None:
+        data = ensure_classification(size=args.sample_size, formats=("imagefolder",)) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, hw_decoder_load=args.hw_decoder_load, layout="HWC", sharding=sharding)
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)

@@ -115,7 +115,8 @@ def load_data(args, runtime: Runtime, backend: str):
         return load_multilabel_data(args, runtime, backend)
     data = args.data
     if data is None:
-        data = build_on_rank0(runtime, lambda: ensure_classification(size=args.sample_size)) / "imagefolder"
+        sample_set = lambda: ensure_classification(size=args.sample_size, formats=("imagefolder",))  # noqa: E731
+        data = build_on_rank0(runtime, sample_set) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, dist=runtime.dist, device_id=runtime.gpu_id,
                   dtype="float32", hw_decoder_load=args.hw_decoder_load)

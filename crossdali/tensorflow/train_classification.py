@@ -269,7 +269,7 @@ def load_data(args, runtime: Runtime, backend: str):
     if data is None:
         # every rank builds or reuses the sample set; the build writes to a temporary folder and
         # renames it into place, so concurrent builders never see a partial set
-        data = ensure_classification(size=args.sample_size) / "imagefolder"
+        data = ensure_classification(size=args.sample_size, formats=("imagefolder",)) / "imagefolder"
     common = dict(backend=backend, batch_size=args.batch_size, crop_size=args.crop_size, workers=args.workers,
                   seed=args.seed, dist=runtime.dist, device_id=runtime.gpu_id,
                   hw_decoder_load=args.hw_decoder_load, layout="HWC")
