@@ -16,8 +16,9 @@
 #                              minutes each; needs TensorFlow staged)
 #   detection_loaders          builds the custom operator plugin, then every row incl. --fused-colour
 #   video_decode, inference, external_source, loader_formats, proxy_loader (video_decode needs PyAV)
-#   auto_augment               the loader's DALI rows with each --auto-augment policy (--only DALI) -> auto_augment/
-#                              classification_loaders.json, then ResNet-50 training images/s per policy -> training_speed_auto_augment.json
+#   auto_augment               the loader's DALI GPU rows with each --auto-augment policy (--only "DALI GPU")
+#                              -> auto_augment_loaders_gpu.json, then ResNet-50 training images/s per policy
+#                              -> training_speed_auto_augment.json
 #   global_order               the PyTorch script's training images/s, sharded order vs --global-order
 #                              -> training_speed_global_order.json
 #   predict_latency            Predictor's pipeline engine against PIL + torchvision (eager is CPU-only)
@@ -43,7 +44,7 @@
 # (stage-tf: /tmp/tfenv.sh is sourced where it exists). An installed DALI is used as it is.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-(( $# )) || { sed -n '2,33p' "$0"; exit 2; }
+(( $# )) || { sed -n '2,34p' "$0"; exit 2; }
 phases=(tests parity optical_flow classification_loaders training_speed training_speed_jax training_speed_tensorflow
         detection_loaders video_decode inference predict_latency external_source loader_formats proxy_loader check_speed
         multi_gpu tf_vs_torch tune object_store soak auto_augment global_order)
@@ -123,8 +124,9 @@ run_phase() {
     soak) sample_sets; bench soak soak 590 --minutes 8 ;;
     auto_augment) sample_sets
       bench auto_augment_loaders classification_loaders 300 --skip-train --hw-loads 1 --threads "" --pipelines "" \
-        --auto-augment autoaugment,randaugment,trivialaugment --only DALI
-      mkdir -p "$out/auto_augment" && mv -f "$out/classification_loaders.json" "$out/classification_loaders.png" "$out/auto_augment/" 2> /dev/null
+        --auto-augment autoaugment,randaugment,trivialaugment --only "DALI GPU"
+      mv -f "$out/classification_loaders.json" "$out/auto_augment_loaders_gpu.json" 2> /dev/null
+      mv -f "$out/classification_loaders.png" "$out/auto_augment_loaders_gpu.png" 2> /dev/null
       bench training_speed_auto_augment training_speed 590 --framework pytorch --backends dali-gpu --modes tuned \
         --variant none= --variant trivialaugment='--auto-augment trivialaugment' \
         --variant randaugment='--auto-augment randaugment' --variant autoaugment='--auto-augment autoaugment'
