@@ -29,12 +29,19 @@ import shlex
 import tarfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crossdali.common.data.check import records as rec_io
 from crossdali.common.data.check.cache import default_cache_dir
-from crossdali.common.data.check.core import CheckSettings, Problem, _problem, _size_problem, problems_error
+from crossdali.common.data.check.core import (
+    CheckSettings,
+    Problem,
+    _problem,
+    _size_problem,
+    problems_error,
+    progress_log,
+)
 from crossdali.common.data.check.exclude import Exclusions, apply_exclusions, load_exclusions
 from crossdali.common.data.check.images import inspect_image
 from crossdali.common.data.formats import FORMATS, IMAGE_EXTENSIONS, DataSource
@@ -276,6 +283,7 @@ def resolve_object_source(url: str, split: str, *, format: str = "auto", validat
     else:
         source = _records(client, loc, chosen, candidates[chosen], layout, exclusions)
     if validate:
+        settings = replace(settings, progress=progress_log(source.num_samples, str(source.root)))
         problems, total = check_object_source(source, settings=settings, client=client)
         if source.paths:
             problems = [p for p in problems if "#" not in p.sample

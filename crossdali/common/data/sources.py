@@ -24,6 +24,7 @@ from crossdali.common.data.check.core import (
     check_image_files,
     check_record_files,
     problems_error,
+    progress_log,
     resolve_device,
 )
 from crossdali.common.data.check.decode import describe_dali_error
@@ -99,7 +100,8 @@ def validate_files(files: list[str] | tuple[str, ...], *, root: Path | str | Non
     raise one ``DataError`` listing every file that is unreadable, empty, not an image DALI
     decodes, misnamed, truncated, structurally corrupt, or whose header claims more than
     ``max_pixels`` (a forged header is refused before any pixel is allocated)."""
-    settings = CheckSettings(threads=8, **({"max_pixels": max_pixels} if max_pixels else {}))
+    settings = CheckSettings(threads=8, progress=progress_log(len(files), where),
+                             **({"max_pixels": max_pixels} if max_pixels else {}))
     problems, _ = check_image_files(list(files), root=root, settings=settings)
     error = problems_error(problems, where=where, total=len(files), data_hint=data_hint)
     if error is not None:

@@ -13,6 +13,8 @@ import logging
 import multiprocessing
 import os
 import shlex
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -27,7 +29,7 @@ from crossdali.common.data.formats import WEBDATASET_IMAGE_EXTENSIONS
 from crossdali.common.errors import DataError
 
 __all__ = ["CheckSettings", "Problem", "check_image_files", "check_record_files", "sample_id", "problems_error",
-           "resolve_device"]
+           "resolve_device", "progress_log"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,28 @@ class CheckSettings:
     def tick(self, n: int) -> None:
         if self.progress is not None:
             self.progress(n)
+
+
+def progress_log(total: int, what: str, *, every_s: float = 10.0) -> Callable[[int], None]:
+    """A ``CheckSettings.progress`` that logs one INFO line every ``every_s`` seconds: the first check of a
+    large dataset before training (every header read, from disk or an object store) is otherwise a silent
+    wait. A cached check ends before its first line."""
+    lock, start = threading.Lock(), time.monotonic()
+    state = {"done": 0, "last": start}
+
+    def tick(n: int) -> None:
+        with lock:
+            state["done"] += n
+            now = time.monotonic()
+            if now - state["last"] < every_s:
+                return
+            state["last"] = now
+            done, rate = state["done"], state["done"] / max(now - start, 1e-9)
+        left = f", about {(total - done) / rate:.0f} s left" if rate > 0 and done < total else ""
+        log.info("checking %s: %s of %s samples (%.0f/s%s; cached for the next run)", what, f"{done:,}",
+                 f"{total:,}", rate, left)
+
+    return tick
 
 
 def default_threads() -> int:
