@@ -122,14 +122,14 @@ def _plan(cuda: bool | None) -> dict:
     cc, cu = _sources()
     version, cflags, ldflags = _dali()
     cxx = os.environ.get("CXX", "g++")
-    nvcc = _nvcc() if cuda is not False and cu else None
+    cuda_inc = _wheel_cuda_include()
+    found = _nvcc() if (cuda is not False and cu) or cuda_inc is None else None  # a CPU build needs headers too
+    nvcc = found if cuda is not False and cu else None
     if cuda and not nvcc:
         raise PluginBuildError("the GPU build needs nvcc (CUDA 13, as DALI's cuda130 wheel): none found on PATH or "
                                f"in $CUDA_HOME/bin; `{BUILD_COMMAND} --cpu-only` builds the CPU operators")
-    cuda_inc = _wheel_cuda_include()
-    headers_from = nvcc or (_nvcc() if cuda_inc is None else None)  # a CPU-only build still needs the headers
-    if cuda_inc is None and headers_from:
-        cuda_inc = Path(headers_from).resolve().parents[1] / "include"
+    if cuda_inc is None and found:
+        cuda_inc = Path(found).resolve().parents[1] / "include"
     if cuda_inc is None or not (cuda_inc / "cuda_runtime.h").is_file():
         raise PluginBuildError("DALI's headers include cuda_runtime.h: install the pinned CUDA header wheels "
                                "(`pip install -r requirements/base.txt`: nvidia-cuda-runtime, nvidia-cuda-crt, "

@@ -229,20 +229,18 @@ def test_jpeg_walk_refuses_a_scan_the_cpu_decoder_cannot_decode():
     assert [code for code, _ in problems] == ["corrupt"] and "names component 9" in problems[0][1]
 
 
-def test_the_check_before_training_logs_its_progress(tiny_classification, caplog):
-    """A long first check is not a silent wait: progress_log (what resolve_source's check reports to) logs
-    how many samples are done, of how many, while the real fast pass runs."""
+def test_the_check_before_training_logs_its_progress(tmp_path, tiny_classification, caplog, monkeypatch):
+    """A long first check is not a silent wait: resolve_source's fast pass (what every loader runs before
+    training) logs how many samples are done, of how many; here a line per sample (PROGRESS_EVERY_S 0)."""
     import logging
 
-    from crossdali.common.data.check.core import CheckSettings, check_image_files, progress_log
+    from crossdali.common.data.check import core
 
-    folder = tiny_classification / "imagefolder"
-    files = sorted(str(p) for p in (folder / "train").rglob("*.jpg"))
-    assert len(files) > 4
-    settings = CheckSettings(threads=2, progress=progress_log(len(files), "the train split", every_s=0))
+    folder = tmp_path / "data"
+    shutil.copytree(tiny_classification / "imagefolder", folder)
+    monkeypatch.setattr(core, "PROGRESS_EVERY_S", 0.0)
     with caplog.at_level(logging.INFO, logger="crossdali.common.data.check.core"):
-        problems, _ = check_image_files(files, root=folder, settings=settings)
-    assert problems == []
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checking the train split")]
+        source = resolve_source(folder, "train")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"checking {folder / 'train'}")]
     assert lines, "no progress line"
-    assert f"{len(files):,} of {len(files):,} samples" in lines[-1]
+    assert f"{source.num_samples:,} of {source.num_samples:,} samples" in lines[-1]

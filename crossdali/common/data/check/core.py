@@ -110,10 +110,15 @@ class CheckSettings:
             self.progress(n)
 
 
-def progress_log(total: int, what: str, *, every_s: float = 10.0) -> Callable[[int], None]:
-    """A ``CheckSettings.progress`` that logs one INFO line every ``every_s`` seconds: the first check of a
-    large dataset before training (every header read, from disk or an object store) is otherwise a silent
-    wait. A cached check ends before its first line."""
+#: seconds between the progress lines of the check before training (``progress_log``)
+PROGRESS_EVERY_S = 10.0
+
+
+def progress_log(total: int, what: str, *, every_s: float | None = None) -> Callable[[int], None]:
+    """A ``CheckSettings.progress`` that logs one INFO line every ``every_s`` seconds (default
+    ``PROGRESS_EVERY_S``): the first check of a large dataset before training (every header read, from disk
+    or an object store) is otherwise a silent wait. A cached check ends before its first line."""
+    every_s = PROGRESS_EVERY_S if every_s is None else every_s
     lock, start = threading.Lock(), time.monotonic()
     state = {"done": 0, "last": start}
 
