@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import usage_error
+from crossdali.common.video import CPU_TRAIN_BATCH, GPU_TRAIN_BATCH
 
 TARGET_1080P = 2500  # frames/s from one process: the project's target
 RESOLUTIONS = {"1080p": (1920, 1080), "720p": (1280, 720)}
@@ -103,9 +104,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                              "--read-pipelines, so batches of P x R x K clips); 3 x 16 frames = the gop48 files' "
                              "key-frame interval")
     parser.add_argument("--read-pipelines", default="7", help="pipelines of the --read-rows loader rows")
-    parser.add_argument("--default-batches", default="24,42",
+    parser.add_argument("--default-batches", default=f"{GPU_TRAIN_BATCH},{CPU_TRAIN_BATCH}",
                         help="batches of the crossdali loader rows with the training defaults (clips_per_read and "
-                             "pipelines left to the loader: 3 clips per read, one read per pipeline up to 14)")
+                             "pipelines left to the loader: 3 clips per read, one read per pipeline up to 14); "
+                             f"{GPU_TRAIN_BATCH} is the training script's on a GPU. Each row runs in a process of "
+                             "its own and records the GPU memory its loader took")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script anywhere: 160x96 VP9 files, DALI on the CPU, 1 s per configuration")
     return parser
@@ -203,6 +206,21 @@ def _timed(step, *, seconds: float, warmup: int = 3) -> dict:
     return _window(frames, start, cpu0)
 
 
+def _gpu_used_mib() -> float:
+    """Memory in use on GPU 0, all processes (CUDA's view; creates this process's context first)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(0)
+    return (total - free) / 2**20
+
+
+def in_own_process(row_fn, **kw) -> dict:
+    """``row_fn(**kw)`` in a spawned process of its own (its memory is its own, its perf_counter stamps are
+    comparable: CLOCK_MONOTONIC is system-wide)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(row_fn, **kw).result()
+
+
 def _reader_pipeline(files, *, device: str, instances: int, batch: int, seq: int, threads: int, seed: int = 0,
                      shard_offset: int = 0, total_shards: int | None = None, legacy: bool = False,
                      shuffle: bool = False):
@@ -267,13 +285,17 @@ def bench_pipelines(files, *, device: str, count: int, seconds: float, batch: in
 
 
 def bench_loader(files, *, device: str, pipelines: int | None, seconds: float, batch: int = 28, seq: int = 16,
-                 crop: int = 112, train: bool = True, clips_per_read: int | None = 1) -> dict:
+                 crop: int = 112, train: bool = True, clips_per_read: int | None = 1, memory: bool = False) -> dict:
     """crossdali's PyTorch clip loader as training uses it (train split: clips shuffled, random crop,
     flip, normalize, float16 NCFHW on the GPU), ``pipelines`` DALI pipelines merged per batch;
     ``train=False``: the val split (clips in file order, resize + center crop); ``clips_per_read``:
     that many consecutive clips decoded as one read (``batch`` counts clips). ``None`` for either: the
-    loader's default, recorded as resolved."""
+    loader's default, recorded as resolved. ``memory``: record ``gpu_loader_mib``, the GPU memory in use
+    after the timed window less that before the loader was built (DALI keeps what it allocated, so this is
+    its peak; only meaningful in a process of its own, ``in_own_process``)."""
     import torch
+
+    used0 = _gpu_used_mib() if memory and device == "gpu" else None
 
     from crossdali.common.data.sources import DataSource
     from crossdali.pytorch.video import create_video_loader
@@ -296,7 +318,10 @@ def bench_loader(files, *, device: str, pipelines: int | None, seconds: float, b
             torch.cuda.synchronize()
         return clips[0].shape[0] * seq
 
-    return _timed(step, seconds=seconds) | {"sequence_length": seq, "batch": batch, "crop": crop,
+    row = _timed(step, seconds=seconds)
+    if used0 is not None:
+        row["gpu_loader_mib"] = round(_gpu_used_mib() - used0)
+    return row | {"sequence_length": seq, "batch": batch, "crop": crop,
                                             "pipelines": loader.pipelines, "shuffled": train,
                                             "clips_per_read": loader.unfold,
                                             "defaults": [k for k, v in (("pipelines", pipelines),
@@ -507,9 +532,9 @@ def row_plan(args: argparse.Namespace, res: str, files: list[str], n_frames: int
                           **(small | {"batch": n * reads * k}))))
     # the loader's training defaults: nothing passed that affects speed but the batch
     for b in ([4] if args.smoke else [int(v) for v in args.default_batches.split(",") if v] if full else []):
-        rows.append((f"crossdali loader (PyTorch), training defaults, batch {b}", kind, bench_loader,
-                     dict(files=files, device=device, pipelines=None, clips_per_read=None, seconds=seconds,
-                          **(small | {"batch": b}))))
+        rows.append((f"crossdali loader (PyTorch), training defaults, batch {b}", kind, in_own_process,
+                     dict(row_fn=bench_loader, files=files, device=device, pipelines=None, clips_per_read=None,
+                          seconds=seconds, memory=True, **(small | {"batch": b}))))
     # the val split: clips in file order (and, for H.264 on the GPU, the experimental reader)
     for k in ([1] if args.smoke else [1, 7] if full else []):
         rows.append((f"crossdali loader (PyTorch), {k} pipeline{'s' if k > 1 else ''}, val split (clips in order)",

@@ -47,6 +47,8 @@ from crossdali.common.errors import DataError, UsageError
 from crossdali.common.options import PipelineOptions
 
 __all__ = [
+    "CPU_TRAIN_BATCH",
+    "GPU_TRAIN_BATCH",
     "GPU_TRAIN_PIPELINES",
     "GPU_VIDEO_PIPELINES",
     "KINETICS_MEAN",
@@ -56,6 +58,7 @@ __all__ = [
     "ClipTransform",
     "create_clip_pipeline",
     "default_clips_per_read",
+    "default_video_batch_size",
     "default_video_pipelines",
     "explain_video_failure",
     "read_batch_size",
@@ -78,6 +81,12 @@ GPU_TRAIN_PIPELINES = 14
 #: 48 frames between the key frames of a set re-encoded for training, so each read decodes from its own
 #: key frame once for all of its clips (docs/benchmarks.md#video-decoding).
 DEFAULT_CLIPS_PER_READ = 3
+#: The training script's ``-b`` where a CUDA GPU trains: one read of ``DEFAULT_CLIPS_PER_READ`` clips for each of
+#: ``GPU_TRAIN_PIPELINES`` pipelines, so every pipeline decodes a step's read at once (fewer reads a step leave
+#: NVDEC engines idle: docs/benchmarks.md#video-decoding). On the CPU: ``CPU_TRAIN_BATCH``, torchvision's
+#: video reference batch.
+GPU_TRAIN_BATCH = DEFAULT_CLIPS_PER_READ * GPU_TRAIN_PIPELINES
+CPU_TRAIN_BATCH = 24
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,12 @@ class ClipTransform:
     @property
     def val_resize_size(self) -> int:
         return self.resize_size if self.resize_size is not None else round(self.crop_size * 128 / 112)
+
+
+def default_video_batch_size(*, cuda: bool) -> int:
+    """The training script's clips per process per step when ``-b`` is not given: ``GPU_TRAIN_BATCH`` where a
+    CUDA GPU trains, ``CPU_TRAIN_BATCH`` on the CPU."""
+    return GPU_TRAIN_BATCH if cuda else CPU_TRAIN_BATCH
 
 
 def default_video_pipelines(device: str, batch_size: int, *, train: bool = True, clips_per_read: int = 1) -> int:

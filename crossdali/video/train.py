@@ -25,6 +25,7 @@ from crossdali.common.data.videos import resolve_video_source
 from crossdali.common.loading.epochs import batch_sizes, choose_last_batch_policy
 from crossdali.common.scripts import script_parsers
 from crossdali.common.scripts.script import run
+from crossdali.common.video import default_video_batch_size
 from crossdali.pytorch.distributed import Runtime
 from crossdali.pytorch.training import (
     MixedPrecision,
@@ -115,6 +116,9 @@ def _train(args: argparse.Namespace, runtime: Runtime, stop: StopRequest) -> dic
     seed_everything(args.seed)
     ckpt = load_checkpoint(args.resume) if args.resume is not None else None
     backend = choose_backend(args.data_backend, gpu_note="NVDEC", cpu_note="DALI decodes VP8/VP9 on the CPU")
+    if args.batch_size is None:  # from the machine: one read per video pipeline on a GPU
+        args.batch_size = default_video_batch_size(cuda=runtime.device.type == "cuda")
+        log.info("batch %d clips per process (auto: -b sets it)", args.batch_size)
     log.info("rank %d/%d (launcher %s, engine %s), device %s", runtime.dist.rank, runtime.dist.world_size,
              runtime.dist.launcher, runtime.engine, runtime.device)
     train_loader, val_loader, num_classes, class_names = load_data(args, runtime, backend)

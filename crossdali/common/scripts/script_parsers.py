@@ -30,6 +30,7 @@ from crossdali.common.scripts.train_args import (
     non_negative_int,
     positive_int,
 )
+from crossdali.common.video import CPU_TRAIN_BATCH, DEFAULT_CLIPS_PER_READ, GPU_TRAIN_BATCH, GPU_TRAIN_PIPELINES
 
 __all__ = ["PARSERS", "JAX_CHECKPOINT", "pytorch_classification", "tensorflow_classification", "jax_classification",
            "mxnet_classification", "ssd_detection", "video_classification"]
@@ -200,8 +201,12 @@ def video_classification(add_help: bool = True) -> argparse.ArgumentParser:
                             "that divides the batch size and fits the shortest file. The batch size must divide by "
                             "it; a file's last clips that do not fill a read are left out (logged): 1 reads them all")
     add_model_args(parser, arch="small3d", arches=VIDEO_MODELS, arch_help="video model")
-    add_optimizer_args(parser, batch_size=24, epochs=8, lr=3e-3, lr_batch=None, lr_warmup_epochs=1.0, opt="adamw",
-                       batch_help="clips per process per step (8 reads of 3 clips)")
+    add_optimizer_args(parser, batch_size=None, epochs=8, lr=3e-3, lr_batch=None, lr_warmup_epochs=1.0, opt="adamw",
+                       batch_help="clips per process per step",
+                       batch_default_help=f"; default: {GPU_TRAIN_BATCH} where a CUDA GPU trains "
+                                          f"({GPU_TRAIN_BATCH // DEFAULT_CLIPS_PER_READ} reads of {DEFAULT_CLIPS_PER_READ} "
+                                          f"clips, one for each of {GPU_TRAIN_PIPELINES} pipelines: fewer leave the "
+                                          f"video decoders partly idle), {CPU_TRAIN_BATCH} on the CPU")
     add_run_args(parser, engines=ENGINES["pytorch"], amp=True, checkpoint_every=True, run_dir=True, debug=True,
                  print_freq=20, engine_help=_TORCH_ENGINE_HELP, resume_help=_TORCH_RESUME_HELP)
     return parser

@@ -148,13 +148,14 @@ def add_model_args(parser: argparse.ArgumentParser, *, arch: str, arches: Sequen
 def add_optimizer_args(parser: argparse.ArgumentParser, *, batch_size: int | None, epochs: int, lr: float,
                        lr_batch: int | None = 256, lr_warmup_epochs: float = 5.0, opt: str = "sgd",
                        opts: Sequence[str] = ("sgd", "adamw"), momentum: float = 0.9, weight_decay: float = 1e-4,
-                       label_smoothing: bool = True, batch_help: str = "samples per process per step") -> None:
+                       label_smoothing: bool = True, batch_help: str = "samples per process per step",
+                       batch_default_help: str | None = None) -> None:
     """Batch, epochs and the optimiser (torchvision references' names). ``lr_batch``: ``--lr`` is
     for a global batch of that size and scales linearly (None: not scaled); ``batch_size=None``: from
-    the machine (``crossdali.common.scripts.defaults``)."""
+    the machine (``crossdali.common.scripts.defaults``, or as ``batch_default_help`` says)."""
     group = parser.add_argument_group("optimisation")
     group.add_argument("-b", "--batch-size", type=positive_int, default=batch_size,
-                       help=batch_help + (AUTO_HELP["batch_size"] if batch_size is None else ""))
+                       help=batch_help + ((batch_default_help or AUTO_HELP["batch_size"]) if batch_size is None else ""))
     group.add_argument("--epochs", type=positive_int, default=epochs, help="epochs to train (in total, also when resuming)")
     if len(opts) > 1:
         group.add_argument("--opt", default=opt, choices=list(opts), help="optimiser")
