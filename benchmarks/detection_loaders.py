@@ -20,12 +20,14 @@ them for ``--rounds`` rounds of ``--seconds`` each, so that other load on a shar
 alike; each loader's images/s is its median round, and every round is recorded. It writes
 ``detection_loaders_cpu.json`` so it never replaces the GPU run's results.
 
-DALI GPU runs at the first ``--hw-loads`` value (the row of the three-way comparison), then as extras:
-with each further ``--pipelines`` count per shard (merged into each batch; ``--workers`` threads each),
-with the canvas-free zoom-out (``--gpu-canvas-free``: ``DetectionTransform(canvas_free=True)``), with the
-fused colour operator (``--fused-colour``: ``DetectionTransform(fused_colour=True)``, one row per ``--pipelines``
-count; the plugin must be built, ``python -m crossdali.common.plugins build``, else the rows record the error), and
-at the other ``--hw-loads`` values. Every row records its ``pipelines``, ``canvas_free`` and ``fused_colour``.
+DALI GPU runs at the first ``--hw-loads`` value with the loader's defaults (the row of the three-way comparison:
+2 pipelines per shard, ``default_detection_pipelines``), then as extras: with each other ``--pipelines`` count
+(merged into each batch; ``--workers`` threads each), with the canvas-free zoom-out (``--gpu-canvas-free``:
+``DetectionTransform(canvas_free=True)``, one row per count), with the fused colour operator (``--fused-colour``:
+``DetectionTransform(fused_colour=True)``, one row per count; the plugin must be built, ``python -m
+crossdali.common.plugins build``, else the rows record the error), and at the other ``--hw-loads`` values. A row's
+name gives its pipelines where they are not the default; every row records its ``pipelines``, ``canvas_free`` and
+``fused_colour``.
 
 Engine load: on a GPU machine every row timed there carries ``engine_load``, the mean (and max) percent of the
 GPU's SMs, NVDEC, NVJPG, ... from ``nvidia-smi dmon`` over its timed window (``benchmarks/engine_load.py``),
@@ -52,7 +54,7 @@ from benchmarks import cpu_model, usage_error
 from benchmarks.engine_load import EngineLoad
 from benchmarks.plot import backend_color, bar_png
 from crossdali.common.data.sample_data.detection import ensure_detection
-from crossdali.common.detection import DetectionTransform, resolve_detection_source
+from crossdali.common.detection import DetectionTransform, default_detection_pipelines, resolve_detection_source
 from crossdali.pytorch.detection import create_detection_loader
 
 NATIVE = "torchvision v2 DataLoader (native)"
@@ -73,7 +75,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--pipelines", default="1,2",
                         help="DALI GPU pipelines per shard, one row each at the first --hw-loads value")
     parser.add_argument("--gpu-canvas-free", action=argparse.BooleanOptionalAction, default=True,
-                        help="a DALI GPU row with the canvas-free zoom-out (one pipeline)")
+                        help="DALI GPU rows with the canvas-free zoom-out, one per --pipelines count")
     parser.add_argument("--fused-colour", action=argparse.BooleanOptionalAction, default=False,
                         help="DALI GPU rows with the fused colour operator, one per --pipelines count (build the "
                              "plugin first: python -m crossdali.common.plugins build)")
@@ -87,8 +89,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
     """The DALI GPU rows: the first ``--hw-loads`` value (the three-way comparison's row), then the same
-    with each further ``--pipelines`` count, the canvas-free zoom-out and the fused colour operator (at each
-    ``--pipelines`` count), then the other hw loads."""
+    with each further ``--pipelines`` count, the canvas-free zoom-out and the fused colour operator (each at
+    every ``--pipelines`` count), then the other hw loads."""
     try:
         loads = [float(h) for h in args.hw_loads.split(",") if h]
         counts = [int(p) for p in args.pipelines.split(",") if p]
@@ -101,22 +103,30 @@ def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
         raise usage_error(f"--pipelines {args.pipelines!r}: each count must be positive and divide --batch-size "
                           f"{args.batch_size}")
     first = f"DALI GPU hw_decoder_load={loads[0]:g}"
+    default = default_detection_pipelines("dali-gpu", args.batch_size, train=True)
+
+    def count(p: int) -> str:  # the name says the pipelines where they are not the loader's default
+        return "" if p == default else f", {p} pipeline{'s' if p > 1 else ''}"
+
     rows = [(first, dict(backend="dali-gpu", hw_decoder_load=loads[0]))]
-    rows += [(f"{first}, {p} pipelines", dict(backend="dali-gpu", hw_decoder_load=loads[0], pipelines=p))
-             for p in dict.fromkeys(counts) if p != 1]
+    rows += [(first + count(p), dict(backend="dali-gpu", hw_decoder_load=loads[0], pipelines=p))
+             for p in dict.fromkeys(counts) if p != default]
     if args.gpu_canvas_free:
-        rows.append((f"{first}, canvas-free", dict(backend="dali-gpu", hw_decoder_load=loads[0],
-                                                   transform=DetectionTransform(canvas_free=True))))
+        free = DetectionTransform(canvas_free=True)
+        rows += [(f"{first}, canvas-free" + count(p),
+                  dict(backend="dali-gpu", hw_decoder_load=loads[0], transform=free, pipelines=p))
+                 for p in dict.fromkeys([default, *counts])]
     if args.fused_colour:
         fused = DetectionTransform(fused_colour=True)
-        rows += [(f"{first}, fused colour" + (f", {p} pipelines" if p != 1 else ""),
+        rows += [(f"{first}, fused colour" + count(p),
                   dict(backend="dali-gpu", hw_decoder_load=loads[0], transform=fused, pipelines=p))
-                 for p in dict.fromkeys([1, *counts])]
+                 for p in dict.fromkeys([default, *counts])]
     return rows + [(f"DALI GPU hw_decoder_load={h:g}", dict(backend="dali-gpu", hw_decoder_load=h)) for h in loads[1:]]
 
 
-def _row(name: str, cfg: dict) -> dict:
-    """A result row's settings: backend, decoder share, pipelines per shard, whether the zoom-out ran
+def _row(name: str, cfg: dict, batch_size: int = 64) -> dict:
+    """A result row's settings: backend, decoder share, pipelines per shard (the loader's default where the row
+    gives none, ``default_detection_pipelines``), whether the zoom-out ran
     without the canvas (DALI's default: on the CPU only, ``crossdali.common.detection``) and whether the
     colour jitter + normalisation ran as the plugin's one operator (both None for native)."""
     transform = cfg.get("transform")
@@ -125,7 +135,8 @@ def _row(name: str, cfg: dict) -> dict:
         canvas_free = cfg["backend"] == "dali-cpu"
     fused_colour = None if cfg["backend"] == "native" else transform is not None and transform.fused_colour
     return {"name": name, "backend": cfg["backend"], "hw_decoder_load": cfg.get("hw_decoder_load"),
-            "pipelines": cfg.get("pipelines", 1), "canvas_free": canvas_free, "fused_colour": fused_colour}
+            "pipelines": cfg.get("pipelines") or default_detection_pipelines(cfg["backend"], batch_size, train=True),
+            "canvas_free": canvas_free, "fused_colour": fused_colour}
 
 
 def _forever(loader):
@@ -277,10 +288,10 @@ def _measure_rows(configs, source, args, device, report: dict, json_path: Path, 
     """Each loader in turn, warmed up and timed once; a failure is recorded in its row and the next runs."""
     for name, cfg in configs:
         if time.perf_counter() - t_start > args.budget_s:
-            report["loader"].append(_row(name, cfg) | {"skipped": "time budget spent"})
+            report["loader"].append(_row(name, cfg, args.batch_size) | {"skipped": "time budget spent"})
             print(f"{name:56s} skipped (time budget)", flush=True)
             continue
-        row = _row(name, cfg)
+        row = _row(name, cfg, args.batch_size)
         try:
             loader = create_detection_loader(source, train=True, batch_size=args.batch_size, workers=args.workers,
                                               device_id=0, **cfg)
@@ -304,7 +315,7 @@ def _measure_alternating(configs, source, args, device, report: dict, json_path:
         it = _forever(loader)
         for _ in range(args.warmup_batches):
             next(it)
-        rows.append(_row(name, cfg) | {"rounds_img_s": []})
+        rows.append(_row(name, cfg, args.batch_size) | {"rounds_img_s": []})
         its.append((loader, it))
     for r in range(args.rounds):
         for row, (loader, it) in zip(rows, its):

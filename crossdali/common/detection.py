@@ -17,7 +17,8 @@ val:   decode -> resize 300x300 -> normalize; boxes (ltrb, relative) and labels 
 
 On the CPU (``DetectionTransform.canvas_free``) the zoom-out, crop and resize run without the canvas: only
 the window's part of the image is decoded, resized to its place in the output and padded with the fill
-colour, the same geometry as paste -> slice -> resize (docs/benchmarks.md#detection-loaders).
+colour, the same geometry as paste -> slice -> resize (docs/benchmarks.md#detection-loaders). On the GPU
+``canvas_free=True`` decodes the whole image and reads the window with one padded slice before the resize.
 ``device="gpu"`` decodes with the mixed decoder and pastes, crops, resizes and encodes on the GPU
 (box geometry, which is tiny, stays on the CPU); ``device="cpu"`` needs no GPU. Labels are DALI's
 contiguous class indices 1..C: categories in the annotation file's order (``DetectionSource.label_to_category``).
@@ -46,6 +47,8 @@ __all__ = [
     "resolve_detection_source",
     "DetectionTransform",
     "create_detection_pipeline",
+    "DETECTION_GPU_PIPELINES",
+    "default_detection_pipelines",
     "explain_detection_failure",
 ]
 
@@ -56,6 +59,18 @@ VAL_OUTPUTS = ("images", "boxes", "labels", "image_ids")
 #: Extra train outputs with ``debug=True`` (boxes/labels padded with 0 to the batch's longest).
 DEBUG_OUTPUTS = ("raw_boxes", "raw_labels", "ratio", "paste_x", "paste_y", "crop_anchor", "crop_shape", "flip",
                  "crop_boxes", "crop_labels")
+
+#: DALI pipelines the detection loaders start per process for training on the GPU (``pipelines=None``): two keep
+#: the hardware JPEG decoder and the SMs busier than one (docs/benchmarks.md#detection-loaders); val keeps one.
+DETECTION_GPU_PIPELINES = 2
+
+
+def default_detection_pipelines(backend: str, batch_size: int, *, train: bool) -> int:
+    """``pipelines=None`` of the detection loaders: ``DETECTION_GPU_PIPELINES`` for training on ``dali-gpu`` where
+    the batch splits evenly, else 1."""
+    gpu_train = train and backend == "dali-gpu" and batch_size % DETECTION_GPU_PIPELINES == 0
+    return DETECTION_GPU_PIPELINES if gpu_train else 1
+
 
 @dataclass(frozen=True)
 class DetectionTransform:
@@ -78,9 +93,10 @@ class DetectionTransform:
     #: train: colour jitter + normalisation as one operator of crossdali's DALI plugin (built with
     #: ``python -m crossdali.common.plugins build``; docs/custom-operators.md), the same pixels in one pass
     fused_colour: bool = False
-    #: train: zoom-out, crop and resize without the zoomed-out canvas (only the window's part of the
-    #: image is decoded, resized and padded with the fill colour: ``_zoom_out_crop_resize``); ``None``:
-    #: on the CPU, where the canvas (up to 16x the image) costs most, not on the GPU
+    #: train: zoom-out, crop and resize without the zoomed-out canvas (CPU: only the window's part of the
+    #: image is decoded, resized and padded with the fill colour, ``_zoom_out_crop_resize``; GPU: one padded
+    #: slice of the window, ``_padded_crop_resize``); ``None``: on the CPU, where the canvas (up to 16x the
+    #: image) costs most, not on the GPU
     canvas_free: bool | None = None
 
     def __post_init__(self) -> None:
@@ -120,7 +136,9 @@ def _zoom_out_crop_resize(jpegs, ratio, paste_x, paste_y, anchor, shape, *, size
     part of the image inside the window is decoded (``decoders.image_slice``), resized to the size
     it takes in the output, and placed there on a ``fill`` background (``slice`` with padding).
     The pixels are those of paste -> slice -> resize up to the rounding of the image's edge to
-    whole output pixels; the canvas (up to 16 times the image's pixels) is never built.
+    whole output pixels; the canvas (up to 16 times the image's pixels) is never built. The CPU's
+    spelling: on the GPU ``_padded_crop_resize`` (the hardware JPEG decoder does not decode a region,
+    so ``image_slice`` would move every image to the CUDA decoder).
     """
     from nvidia.dali import fn, math, types
 
@@ -138,6 +156,22 @@ def _zoom_out_crop_resize(jpegs, ratio, paste_x, paste_y, anchor, shape, *, size
     out_anchor = -start * (1.0 - miss) + 2.0 * size * miss
     return fn.slice(images, out_anchor, fn.constant(fdata=[float(size), float(size)]), axis_names="WH",
                     normalized_anchor=False, normalized_shape=False, out_of_bounds_policy="pad", fill_values=fill)
+
+
+def _padded_crop_resize(images, ratio, paste_x, paste_y, anchor, shape, *, size: int, fill: list[int]):
+    """The zoom-out paste, the crop and the resize of decoded ``images`` without the zoomed-out canvas, on the GPU.
+
+    The crop window (``anchor``, ``shape``: relative to a canvas ``ratio`` times the image, the image
+    pasted at ``paste_x``, ``paste_y``) is mapped into the image's own coordinates and read with one
+    ``slice`` that pads with ``fill`` where the window leaves the image, then resized: the pixels of paste ->
+    slice -> resize up to the rounding of the window's corner to whole pixels, with the crop written once
+    instead of the whole canvas (up to 16 times the image's pixels) and then the crop.
+    """
+    from nvidia.dali import fn, types
+
+    a = anchor * ratio - fn.stack(paste_x, paste_y) * (ratio - 1.0)  # the window in the image, (x, y), relative
+    images = fn.slice(images, a, shape * ratio, axis_names="WH", out_of_bounds_policy="pad", fill_values=fill)
+    return fn.resize(images, resize_x=size, resize_y=size, min_filter=types.INTERP_TRIANGULAR)
 
 
 def create_detection_pipeline(source: DetectionSource, *, train: bool, options: PipelineOptions,
@@ -179,7 +213,7 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
         if gpu:
             decoder["hw_decoder_load"] = opts.hw_decoder_load
         canvas_free = train and (t.canvas_free if t.canvas_free is not None else not gpu)
-        images = None if canvas_free else fn.decoders.image(jpegs, **decoder)
+        images = None if canvas_free and not gpu else fn.decoders.image(jpegs, **decoder)
         if not train:
             images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)
             images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
@@ -199,7 +233,9 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
         anchor, shape, boxes, labels = fn.random_bbox_crop(
             boxes, labels, thresholds=list(t.iou_thresholds), scaling=list(t.crop_scaling),
             aspect_ratio=list(t.crop_aspect_ratio), bbox_layout="xyXY", allow_no_crop=True, num_attempts=50)
-        if canvas_free:
+        if canvas_free and gpu:
+            images = _padded_crop_resize(images, ratio, paste_x, paste_y, anchor, shape, size=t.size, fill=t.fill)
+        elif canvas_free:
             images = _zoom_out_crop_resize(jpegs, ratio, paste_x, paste_y, anchor, shape, size=t.size, fill=t.fill,
                                            decoder=decoder)
         else:

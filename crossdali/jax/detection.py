@@ -21,6 +21,7 @@ from crossdali.common.detection import (
     DetectionSource,
     DetectionTransform,
     create_detection_pipeline,
+    default_detection_pipelines,
     explain_detection_failure,
     resolve_detection_source,
 )
@@ -47,7 +48,7 @@ def create_detection_loader(
     transform: DetectionTransform | None = None,
     last_batch: str | None = None,
     checkpointing: bool = True,
-    pipelines: int = 1,
+    pipelines: int | None = None,
 ) -> DALILoader:
     """An iterable of SSD300 train or val batches (see the module docstring) over a COCO-format folder.
 
@@ -70,9 +71,12 @@ def create_detection_loader(
         last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
         checkpointing: let ``state_dict()`` hold DALI's position inside an epoch (mid-epoch resume).
         pipelines: DALI pipelines in this process, each reading its own part of the shard, merged into
-            each batch (``crossdali.pytorch.create_detection_loader`` says more).
+            each batch; default 2 for training on ``dali-gpu`` where the batch splits evenly, else 1
+            (``crossdali.pytorch.create_detection_loader`` says more).
     """
     _no_native(backend)
+    if pipelines is None:
+        pipelines = default_detection_pipelines(backend, batch_size, train=train)
     plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,
                          source_type=DetectionSource, resolve=resolve_detection_source, batch_size=batch_size,
                          dist=dist, last_batch=last_batch, what="detection", pipelines=pipelines)

@@ -27,6 +27,7 @@ from crossdali.common.detection import (
     DetectionSource,
     DetectionTransform,
     create_detection_pipeline,
+    default_detection_pipelines,
     explain_detection_failure,
     resolve_detection_source,
 )
@@ -145,7 +146,7 @@ def create_detection_loader(
     last_batch: str | None = None,
     debug: bool = False,
     checkpointing: bool = True,
-    pipelines: int = 1,
+    pipelines: int | None = None,
 ):
     """PyTorch SSD300 train or val batches (see the module docstring) over a COCO-format dataset.
 
@@ -168,10 +169,13 @@ def create_detection_loader(
         checkpointing: let ``state_dict()`` hold DALI's position inside an epoch.
         pipelines: DALI backends: this rank's shard split over that many pipelines merged into each
             batch, as in ``crossdali.pytorch.create_classification_loader`` (val's boxes and labels are
-            padded to the longest of the merged batch). ``benchmarks/detection_loaders.py --pipelines``
-            measures what it gives (docs/benchmarks.md#detection-loaders). A mid-epoch checkpoint
-            resumes only with the count it was saved with.
+            padded to the longest of the merged batch). Default: 2 for training on ``dali-gpu`` where the
+            batch splits evenly, else 1 (``default_detection_pipelines``; ``benchmarks/detection_loaders.py
+            --pipelines`` measures what it gives: docs/benchmarks.md#detection-loaders). A mid-epoch
+            checkpoint resumes only with the count it was saved with.
     """
+    if pipelines is None:
+        pipelines = default_detection_pipelines(backend, batch_size, train=train)
     plan = prepare_split(data, train=train, backend=backend, backends=DETECTION_BACKENDS,
                          source_type=DetectionSource, resolve=resolve_detection_source, batch_size=batch_size,
                          dist=dist, last_batch=last_batch, what="detection", pipelines=pipelines)

@@ -216,7 +216,7 @@ def test_annotation_for_unknown_image_or_category(detection_root, tmp_path):
 def test_train_image_lands_where_its_boxes_do(detection_root, device, canvas_free):
     """The zoomed-out, cropped image's pixels: outside the image's place in the window (from the
     random parameters, as for the boxes) every pixel is the fill colour; inside, the photo. With the
-    canvas and without it (the CPU's default), on the CPU and the GPU."""
+    canvas and without it (the CPU's default; on the GPU a padded slice of the window), on the CPU and the GPU."""
     from crossdali.common.detection import DetectionTransform
 
     same = (1.0, 1.0 + 1e-6)  # no colour jitter (DALI's uniform needs a non-empty range)
@@ -237,7 +237,9 @@ def test_train_image_lands_where_its_boxes_do(detection_root, device, canvas_fre
             hi = lo + 300 / ratio / shape
             is_fill = np.all(np.abs(img - fill[:, None, None]) < 1e-3, axis=0)  # (H, W)
             ys, xs = np.mgrid[0:300, 0:300] + 0.5
-            m = 2 if canvas else 1  # resizing the canvas blends the photo's edge into the fill
+            # resizing the canvas's crop (or on the GPU the padded window, as without it) blends the photo's edge
+            # into the fill
+            m = 2 if canvas or device == "gpu" else 1
             outside = (xs < lo[0] - m) | (xs > hi[0] + m) | (ys < lo[1] - m) | (ys > hi[1] + m)
             inside = (xs > lo[0] + 1) & (xs < hi[0] - 1) & (ys > lo[1] + 1) & (ys < hi[1] - 1)
             assert is_fill[outside].all(), f"sample {i}: photo pixels outside the image's place"
@@ -247,3 +249,49 @@ def test_train_image_lands_where_its_boxes_do(detection_root, device, canvas_fre
                 misses += 1
             zoomed += ratio > 1.5 and outside.any()
     assert zoomed > 0
+
+
+def test_gpu_canvas_free_spelling_matches_the_canvas(detection_root):
+    """The GPU's canvas-free spelling (the crop window read from the decoded image by one padded slice, then the
+    resize) gives the pixels of paste -> slice -> resize up to the rounding of the window's corner; the same DALI
+    operators run on the CPU here, on the same random draws."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from crossdali.common.detection import DetectionTransform, _padded_crop_resize
+
+    t = DetectionTransform()
+    src = resolve_detection_source(detection_root, "train")
+
+    @pipeline_def(batch_size=16, num_threads=2, device_id=None, seed=11)
+    def both():
+        jpegs, boxes, labels = fn.readers.coco(file_root=str(src.file_root), annotations_file=str(src.annotations_file),
+                                               ltrb=True, ratio=True)
+        images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        ratio = fn.random.uniform(range=[1.0, t.max_zoom_out])
+        px, py = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
+        boxes = fn.bbox_paste(boxes, ratio=ratio, paste_x=px, paste_y=py, ltrb=True)
+        anchor, shape, _, _ = fn.random_bbox_crop(boxes, labels, thresholds=list(t.iou_thresholds),
+                                                  scaling=list(t.crop_scaling), aspect_ratio=list(t.crop_aspect_ratio),
+                                                  bbox_layout="xyXY", allow_no_crop=True, num_attempts=50)
+        canvas = fn.paste(images, ratio=ratio, paste_x=px, paste_y=py, fill_value=t.fill)
+        canvas = fn.slice(canvas, anchor, shape, axis_names="WH", out_of_bounds_policy="trim_to_shape")
+        canvas = fn.resize(canvas, resize_x=300, resize_y=300, min_filter=types.INTERP_TRIANGULAR)
+        return canvas, _padded_crop_resize(images, ratio, px, py, anchor, shape, size=300, fill=t.fill)
+
+    pipe = both()
+    pipe.build()
+    fill = np.array(t.fill)
+    for _ in range(3):
+        canvas, padded = pipe.run()
+        for a, b in zip(canvas, padded):
+            a, b = np.asarray(a), np.asarray(b)
+            assert a.shape == b.shape == (300, 300, 3)
+            # where the photo lands: its bounding box in the output, the same up to a pixel of rounding
+            boxes = []
+            for img in (a, b):
+                ys, xs = np.where(~np.all(img == fill, axis=2))
+                boxes.append(np.array([xs.min(), xs.max(), ys.min(), ys.max()]))
+            assert np.abs(boxes[0] - boxes[1]).max() <= 2, boxes
+            # and the same part of the photo: a shift under a source pixel (magnified by the resize) moves texture
+            # by a few output pixels, not the colours of the crop
+            assert np.abs(a.reshape(-1, 3).mean(0) - b.reshape(-1, 3).mean(0)).max() < 3
