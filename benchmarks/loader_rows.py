@@ -34,23 +34,31 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_epochs(loader, device: torch.device, *, min_epochs: int = 2, min_seconds: float = 0.0) -> dict[str, float]:
+def time_epochs(loader, device: torch.device, *, min_epochs: int = 2, min_seconds: float = 0.0,
+                max_seconds: float | None = None) -> dict[str, float]:
     """One warm-up epoch, then whole epochs, moving each batch to ``device``, until at least
     ``min_epochs`` epochs and ``min_seconds`` seconds are timed (a GPU pipeline goes through the
-    bench set in under a second, too short to time alone)."""
+    bench set in under a second, too short to time alone). ``max_seconds``: a slow loader stops there,
+    inside an epoch if need be (its warm-up at a quarter of it), and ``epochs`` counts the whole ones."""
+    t0 = time.perf_counter()
     for images, _labels in loader:  # warm-up: workers, caches, allocator
         images.to(device, non_blocking=True)
+        if max_seconds is not None and time.perf_counter() - t0 > max_seconds / 4:
+            break
     sync(device)
-    n, epochs, start = 0, 0, time.perf_counter()
-    while epochs < min_epochs or time.perf_counter() - start < min_seconds:
+    n, epochs, start, capped = 0, 0, time.perf_counter(), False
+    while not capped and (epochs < min_epochs or time.perf_counter() - start < min_seconds):
         for images, labels in loader:
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
             n += images.shape[0]
+            if max_seconds is not None and time.perf_counter() - start > max_seconds:
+                capped = True
+                break
         sync(device)
-        epochs += 1
+        epochs += not capped
     elapsed = time.perf_counter() - start
-    return {"images": n, "epochs": epochs, "seconds": elapsed, "img_s": n / elapsed}
+    return {"images": n, "epochs": epochs, "seconds": elapsed, "img_s": n / elapsed, "capped": capped}
 
 
 def write_report(path: Path, report: dict) -> None:

@@ -14,7 +14,8 @@ Python server (Werkzeug): what it serves per second bounds the S3 rows, so the r
 pipeline keeps against a slow object store on a fast network, not a property of S3 itself.
 
 Each round times every row (one warm-up epoch, then whole epochs until at least 2 epochs and
-``--min-seconds``); the ratio S3 / local of each format is taken per round (``round_spread``).
+``--min-seconds``; a row slower than that stops at ``--max-seconds``, inside an epoch); the ratio S3 / local of
+each format is taken per round (``round_spread``). The JSON is written after every row.
 Also recorded: the seconds ``resolve_source`` takes on each side (listing, index download, the
 fast check of every object), and the server's ceiling: the JPEG objects/s it hands to as many boto3
 threads as DALI has (``server_objects_per_s``). Writes ``object_store.json`` (rewritten after every round) and
@@ -50,6 +51,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--crop-size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=8, help="DALI threads")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every row")
+    parser.add_argument("--max-seconds", type=float, default=40.0,
+                        help="a row stops after this long, inside an epoch if need be (at moto's rate an epoch of "
+                             "the bench set's JPEGs takes about a minute)")
     parser.add_argument("--min-seconds", type=float, default=5.0,
                         help="time whole epochs until at least this long (and at least 2 epochs) per row and round")
     parser.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {', '.join(FORMATS)}")
@@ -147,6 +151,8 @@ def main(args: argparse.Namespace) -> dict:
         args.min_seconds, args.cpu, args.rounds = 0.0, True, 1
     elif not args.cpu and not torch.cuda.is_available():
         raise usage_error("no CUDA GPU here: pass --cpu for the DALI CPU rows (or --smoke)")
+    if args.max_seconds <= 0:
+        raise usage_error(f"--max-seconds must be positive, got {args.max_seconds:g}")
     formats = [f for f in args.formats.split(",") if f]
     if not formats or set(formats) - set(FORMATS):
         raise usage_error(f"--formats {args.formats}: choose among {', '.join(FORMATS)}")
@@ -158,7 +164,8 @@ def main(args: argparse.Namespace) -> dict:
     report = {**environment("object_store", device), "gpu": gpu_name() if gpu else None, "cpu": cpu_model(),
               "size": args.size, "backend": backend, "batch_size": args.batch_size, "crop_size": args.crop_size,
               "workers": args.workers, "rounds": args.rounds, "server": "moto (python -m moto.server) on 127.0.0.1",
-              "timing": f"1 warm-up epoch, then whole epochs until >= 2 epochs and >= {args.min_seconds:g} s, per round",
+              "timing": f"1 warm-up epoch, then whole epochs until >= 2 epochs and >= {args.min_seconds:g} s, per round; "
+                        f"a row stops at {args.max_seconds:g} s (its warm-up at a quarter of that)",
               "rows": [], "rounds_detail": [], "ratio_s3_to_local": {}, "resolve_seconds": {}, "dataset": {}}
     path = args.out / "object_store.json"
     aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
@@ -192,9 +199,15 @@ def main(args: argparse.Namespace) -> dict:
             for fmt in formats:
                 for where in ("local", "s3") if r % 2 == 0 else ("s3", "local"):  # alternate which goes first
                     loader = create_classification_loader(sources[fmt, where], **common)
-                    detail[f"{fmt} {where}"] = time_epochs(loader, device, min_seconds=args.min_seconds)["img_s"]
+                    timed = time_epochs(loader, device, min_seconds=args.min_seconds, max_seconds=args.max_seconds)
+                    detail[f"{fmt} {where}"] = timed["img_s"]
                     del loader
-                    print(f"round {r + 1}: {fmt:12s} {where:6s} {detail[f'{fmt} {where}']:9,.0f} img/s", flush=True)
+                    print(f"round {r + 1}: {fmt:12s} {where:6s} {detail[f'{fmt} {where}']:9,.0f} img/s"
+                          + (f" (stopped at {args.max_seconds:g} s, {timed['images']} images)" if timed["capped"] else ""),
+                          flush=True)
+                    report["round_in_progress"] = detail  # a run cut short keeps what it measured
+                    path.write_text(json.dumps(report, indent=2) + "\n")
+            report.pop("round_in_progress", None)
             report["rounds_detail"].append(detail)
             report["rows"] = []
             for fmt in formats:
