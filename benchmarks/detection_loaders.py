@@ -124,7 +124,7 @@ def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
     return rows + [(f"DALI GPU hw_decoder_load={h:g}", dict(backend="dali-gpu", hw_decoder_load=h)) for h in loads[1:]]
 
 
-def _row(name: str, cfg: dict, batch_size: int = 64) -> dict:
+def _row(name: str, cfg: dict, batch_size: int) -> dict:
     """A result row's settings: backend, decoder share, pipelines per shard (the loader's default where the row
     gives none, ``default_detection_pipelines``), whether the zoom-out ran
     without the canvas (DALI's default: on the CPU only, ``crossdali.common.detection``) and whether the

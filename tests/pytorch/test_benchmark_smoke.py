@@ -133,7 +133,8 @@ def test_detection_benchmark_fused_colour_rows():
     from benchmarks.detection_loaders import _gpu_configs, _row, get_args_parser
 
     def rows(*argv):
-        return [_row(name, cfg) for name, cfg in _gpu_configs(get_args_parser().parse_args(["--hw-loads", "1.0", *argv]))]
+        args = get_args_parser().parse_args(["--hw-loads", "1.0", *argv])
+        return [_row(name, cfg, args.batch_size) for name, cfg in _gpu_configs(args)]
 
     plain = rows("--pipelines", "1,2", "--no-gpu-canvas-free")
     assert [(r["name"], r["pipelines"]) for r in plain] == [("DALI GPU hw_decoder_load=1", 2),  # the loader's default
