@@ -18,7 +18,9 @@ Each round times every row (one warm-up epoch, then whole epochs until at least 
 each format is taken per round (``round_spread``). The JSON is written after every row.
 Also recorded: the seconds ``resolve_source`` takes on each side (listing, index download, the
 fast check of every object), and the server's ceiling: the JPEG objects/s it hands to as many boto3
-threads as DALI has (``server_objects_per_s``). Writes ``object_store.json`` (rewritten after every round) and
+threads as DALI has (``server_objects_per_s``) and to one thread, one request at a time
+(``server_objects_per_s_one_thread``), each over the first ``CEILING_OBJECTS`` objects: an S3 row near the
+one-thread figure fetches one object at a time. Writes ``object_store.json`` (rewritten after every row) and
 ``object_store.png``.
 """
 
@@ -39,6 +41,7 @@ from benchmarks import cpu_model, gpu_name, round_spread, usage_error
 
 BUCKET = "crossdali-bench"
 FORMATS = ("imagefolder", "webdataset")
+CEILING_OBJECTS = 2000  # objects GET per server-ceiling figure: seconds at moto's rate, enough for a steady rate
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -104,14 +107,14 @@ def _upload(folder: Path, prefix: str, *, only, threads: int = 16) -> tuple[str,
     return f"s3://{BUCKET}/{prefix}", sum(p.stat().st_size for p in files)
 
 
-def _server_ceiling(url: str, threads: int) -> float:
-    """Objects/s the server hands to ``threads`` boto3 threads GETting every object under ``url``
+def _server_ceiling(url: str, threads: int, limit: int = CEILING_OBJECTS) -> float:
+    """Objects/s the server hands to ``threads`` boto3 threads GETting the first ``limit`` objects under ``url``
     once: what the server can serve at most, beside what DALI took from it."""
     from crossdali.common.data.object_store import ObjectLocation, s3_client
 
     client, loc = s3_client(), ObjectLocation.parse(url)
     keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=loc.prefix + "/")
-            for o in page.get("Contents", ())]
+            for o in page.get("Contents", ())][:limit]
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda k: client.get_object(Bucket=loc.bucket, Key=k)["Body"].read(), keys))
@@ -188,7 +191,9 @@ def main(args: argparse.Namespace) -> dict:
                                       "upload_seconds": round(upload_s, 1), "url": url}
             if fmt == "imagefolder":
                 report["server_objects_per_s"] = round(_server_ceiling(url + "/train", args.workers), 1)
-                print(f"server: {report['server_objects_per_s']:,.0f} objects/s to {args.workers} boto3 threads", flush=True)
+                report["server_objects_per_s_one_thread"] = round(_server_ceiling(url + "/train", 1), 1)
+                print(f"server: {report['server_objects_per_s']:,.0f} objects/s to {args.workers} boto3 threads, "
+                      f"{report['server_objects_per_s_one_thread']:,.0f} to one", flush=True)
             print(f"{fmt}: {sources[fmt, 'local'].num_samples} samples, {size / 2**20:.0f} MiB uploaded in {upload_s:.0f} s; "
                   f"resolve local {report['resolve_seconds'][f'{fmt} local']} s, s3 "
                   f"{report['resolve_seconds'][f'{fmt} s3']} s", flush=True)
