@@ -22,8 +22,8 @@ alike; each loader's images/s is its median round, and every round is recorded. 
 
 DALI GPU runs at the first ``--hw-loads`` value with the loader's defaults (the row of the three-way comparison:
 2 pipelines per shard, ``default_detection_pipelines``), then as extras: with each other ``--pipelines`` count
-(merged into each batch; ``--workers`` threads each), with the canvas-free zoom-out (``--gpu-canvas-free``:
-``DetectionTransform(canvas_free=True)``, one row per count), with the fused colour operator (``--fused-colour``:
+(merged into each batch; ``--workers`` threads each), with the zoom-out canvas (``--gpu-canvas``:
+``DetectionTransform(canvas_free=False)``, one row per count), with the fused colour operator (``--fused-colour``:
 ``DetectionTransform(fused_colour=True)``, one row per count; the plugin must be built, ``python -m
 crossdali.common.plugins build``, else the rows record the error), and at the other ``--hw-loads`` values. A row's
 name gives its pipelines where they are not the default; every row records its ``pipelines``, ``canvas_free`` and
@@ -74,8 +74,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--hw-loads", default="1.0,0", help="hw_decoder_load values for DALI GPU")
     parser.add_argument("--pipelines", default="1,2",
                         help="DALI GPU pipelines per shard, one row each at the first --hw-loads value")
-    parser.add_argument("--gpu-canvas-free", action=argparse.BooleanOptionalAction, default=True,
-                        help="DALI GPU rows with the canvas-free zoom-out, one per --pipelines count")
+    parser.add_argument("--gpu-canvas", action=argparse.BooleanOptionalAction, default=True,
+                        help="DALI GPU rows that build the zoom-out canvas (the default does not), one per --pipelines "
+                             "count")
     parser.add_argument("--fused-colour", action=argparse.BooleanOptionalAction, default=False,
                         help="DALI GPU rows with the fused colour operator, one per --pipelines count (build the "
                              "plugin first: python -m crossdali.common.plugins build)")
@@ -89,7 +90,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
     """The DALI GPU rows: the first ``--hw-loads`` value (the three-way comparison's row), then the same
-    with each further ``--pipelines`` count, the canvas-free zoom-out and the fused colour operator (each at
+    with each further ``--pipelines`` count, the zoom-out canvas and the fused colour operator (each at
     every ``--pipelines`` count), then the other hw loads."""
     try:
         loads = [float(h) for h in args.hw_loads.split(",") if h]
@@ -111,10 +112,10 @@ def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
     rows = [(first, dict(backend="dali-gpu", hw_decoder_load=loads[0]))]
     rows += [(first + count(p), dict(backend="dali-gpu", hw_decoder_load=loads[0], pipelines=p))
              for p in dict.fromkeys(counts) if p != default]
-    if args.gpu_canvas_free:
-        free = DetectionTransform(canvas_free=True)
-        rows += [(f"{first}, canvas-free" + count(p),
-                  dict(backend="dali-gpu", hw_decoder_load=loads[0], transform=free, pipelines=p))
+    if args.gpu_canvas:
+        canvas = DetectionTransform(canvas_free=False)
+        rows += [(f"{first}, with the canvas" + count(p),
+                  dict(backend="dali-gpu", hw_decoder_load=loads[0], transform=canvas, pipelines=p))
                  for p in dict.fromkeys([default, *counts])]
     if args.fused_colour:
         fused = DetectionTransform(fused_colour=True)
@@ -127,12 +128,10 @@ def _gpu_configs(args: argparse.Namespace) -> list[tuple[str, dict]]:
 def _row(name: str, cfg: dict, batch_size: int) -> dict:
     """A result row's settings: backend, decoder share, pipelines per shard (the loader's default where the row
     gives none, ``default_detection_pipelines``), whether the zoom-out ran
-    without the canvas (DALI's default: on the CPU only, ``crossdali.common.detection``) and whether the
+    without the canvas (the default, ``DetectionTransform.canvas_free``) and whether the
     colour jitter + normalisation ran as the plugin's one operator (both None for native)."""
     transform = cfg.get("transform")
-    canvas_free = transform.canvas_free if transform is not None else None
-    if canvas_free is None and cfg["backend"] != "native":
-        canvas_free = cfg["backend"] == "dali-cpu"
+    canvas_free = None if cfg["backend"] == "native" else (transform or DetectionTransform()).canvas_free
     fused_colour = None if cfg["backend"] == "native" else transform is not None and transform.fused_colour
     return {"name": name, "backend": cfg["backend"], "hw_decoder_load": cfg.get("hw_decoder_load"),
             "pipelines": cfg.get("pipelines") or default_detection_pipelines(cfg["backend"], batch_size, train=True),
@@ -242,7 +241,7 @@ def main(args: argparse.Namespace) -> dict:
     # the three-way comparison first, so that a spent time budget only skips the extra GPU variants
     configs = [*gpu_configs[:1], ("DALI CPU", dict(backend="dali-cpu")), (NATIVE, dict(backend="native")),
                *gpu_configs[1:]]
-    if args.cpu:  # the CPU default (no zoomed-out canvas) beside the canvas the GPU builds
+    if args.cpu:  # the default (no zoomed-out canvas) beside the canvas
         configs.append(("DALI CPU, with the canvas", dict(backend="dali-cpu",
                                                           transform=DetectionTransform(canvas_free=False))))
     report = {

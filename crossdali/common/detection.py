@@ -15,10 +15,12 @@ train: readers.coco (ltrb boxes relative to the image, empty images skipped, glo
 val:   decode -> resize 300x300 -> normalize; boxes (ltrb, relative) and labels padded to the
        longest in the batch (label 0 = padding), and the COCO image id for evaluation.
 
-On the CPU (``DetectionTransform.canvas_free``) the zoom-out, crop and resize run without the canvas: only
-the window's part of the image is decoded, resized to its place in the output and padded with the fill
-colour, the same geometry as paste -> slice -> resize (docs/benchmarks.md#detection-loaders). On the GPU
-``canvas_free=True`` decodes the whole image and reads the window with one padded slice before the resize.
+By default (``DetectionTransform.canvas_free``) the zoom-out, crop and resize run without building the canvas,
+the same geometry as paste -> slice -> resize: on the CPU only the window's part of the image is decoded,
+resized to its place in the output and padded with the fill colour; on the GPU the whole image is decoded (the
+hardware decoder cannot decode a region) and the window read with one padded slice before the resize. The
+canvas holds up to 16 times the image, so either way is faster (docs/benchmarks.md#detection-loaders);
+``canvas_free=False`` builds it.
 ``device="gpu"`` decodes with the mixed decoder and pastes, crops, resizes and encodes on the GPU
 (box geometry, which is tiny, stays on the CPU); ``device="cpu"`` needs no GPU. Labels are DALI's
 contiguous class indices 1..C: categories in the annotation file's order (``DetectionSource.label_to_category``).
@@ -95,9 +97,8 @@ class DetectionTransform:
     fused_colour: bool = False
     #: train: zoom-out, crop and resize without the zoomed-out canvas (CPU: only the window's part of the
     #: image is decoded, resized and padded with the fill colour, ``_zoom_out_crop_resize``; GPU: one padded
-    #: slice of the window, ``_padded_crop_resize``); ``None``: on the CPU, where the canvas (up to 16x the
-    #: image) costs most, not on the GPU
-    canvas_free: bool | None = None
+    #: slice of the window, ``_padded_crop_resize``); False: paste on the canvas (up to 16x the image), slice, resize
+    canvas_free: bool = True
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -212,7 +213,7 @@ def create_detection_pipeline(source: DetectionSource, *, train: bool, options: 
         decoder = dict(device="mixed" if gpu else "cpu", output_type=types.RGB)
         if gpu:
             decoder["hw_decoder_load"] = opts.hw_decoder_load
-        canvas_free = train and (t.canvas_free if t.canvas_free is not None else not gpu)
+        canvas_free = train and t.canvas_free
         images = None if canvas_free and not gpu else fn.decoders.image(jpegs, **decoder)
         if not train:
             images = fn.resize(images, resize_x=t.size, resize_y=t.size, min_filter=types.INTERP_TRIANGULAR)

@@ -211,19 +211,19 @@ def test_annotation_for_unknown_image_or_category(detection_root, tmp_path):
 
 
 @pytest.mark.parametrize("device,canvas_free", [
-    ("cpu", None), ("cpu", False),
-    pytest.param("gpu", True, marks=pytest.mark.gpu), pytest.param("gpu", None, marks=pytest.mark.gpu)])
+    ("cpu", True), ("cpu", False),
+    pytest.param("gpu", True, marks=pytest.mark.gpu), pytest.param("gpu", False, marks=pytest.mark.gpu)])
 def test_train_image_lands_where_its_boxes_do(detection_root, device, canvas_free):
     """The zoomed-out, cropped image's pixels: outside the image's place in the window (from the
     random parameters, as for the boxes) every pixel is the fill colour; inside, the photo. With the
-    canvas and without it (the CPU's default; on the GPU a padded slice of the window), on the CPU and the GPU."""
+    canvas and without it (the default; on the GPU a padded slice of the window), on the CPU and the GPU."""
     from crossdali.common.detection import DetectionTransform
 
     same = (1.0, 1.0 + 1e-6)  # no colour jitter (DALI's uniform needs a non-empty range)
     t = DetectionTransform(hue_degrees=1e-6, saturation=same, brightness=same, contrast=same, flip_probability=0.0,
                            canvas_free=canvas_free)
     fill = (np.array(t.fill, np.float64) - t.mean) / t.std
-    canvas = canvas_free is False or (canvas_free is None and device == "gpu")
+    canvas = not canvas_free
     src = resolve_detection_source(detection_root, "train")
     options = PipelineOptions(batch_size=16, num_threads=2, seed=7, device=device,
                               device_id=0 if device == "gpu" else None)

@@ -136,19 +136,20 @@ def test_detection_benchmark_fused_colour_rows():
         args = get_args_parser().parse_args(["--hw-loads", "1.0", *argv])
         return [_row(name, cfg, args.batch_size) for name, cfg in _gpu_configs(args)]
 
-    plain = rows("--pipelines", "1,2", "--no-gpu-canvas-free")
+    plain = rows("--pipelines", "1,2", "--no-gpu-canvas")
     assert [(r["name"], r["pipelines"]) for r in plain] == [("DALI GPU hw_decoder_load=1", 2),  # the loader's default
                                                             ("DALI GPU hw_decoder_load=1, 1 pipeline", 1)]
     assert not any(r["fused_colour"] for r in plain), plain
-    fused = rows("--pipelines", "1,2", "--fused-colour", "--no-gpu-canvas-free")
+    fused = rows("--pipelines", "1,2", "--fused-colour", "--no-gpu-canvas")
     assert fused[:len(plain)] == plain
     assert [(r["name"], r["pipelines"], r["fused_colour"], r["canvas_free"]) for r in fused[len(plain):]] == [
-        ("DALI GPU hw_decoder_load=1, fused colour", 2, True, False),
-        ("DALI GPU hw_decoder_load=1, fused colour, 1 pipeline", 1, True, False)]
+        ("DALI GPU hw_decoder_load=1, fused colour", 2, True, True),
+        ("DALI GPU hw_decoder_load=1, fused colour, 1 pipeline", 1, True, True)]
     assert [r["pipelines"] for r in rows("--pipelines", "1", "--fused-colour") if r["fused_colour"]] == [2, 1]
-    free = [r for r in rows("--pipelines", "4") if r["canvas_free"]]
-    assert [(r["name"], r["pipelines"]) for r in free] == [("DALI GPU hw_decoder_load=1, canvas-free", 2),
-                                                           ("DALI GPU hw_decoder_load=1, canvas-free, 4 pipelines", 4)]
+    canvas = [r for r in rows("--pipelines", "4") if not r["canvas_free"]]
+    assert [(r["name"], r["pipelines"]) for r in canvas] == [
+        ("DALI GPU hw_decoder_load=1, with the canvas", 2), ("DALI GPU hw_decoder_load=1, with the canvas, 4 pipelines", 4)]
+    assert all(r["canvas_free"] for r in plain), plain  # the default builds no canvas
 
 
 def test_video_benchmark_smoke(tmp_path, data_root):
