@@ -19,9 +19,9 @@ By default (``DetectionTransform.canvas_free``) the zoom-out, crop and resize ru
 the same geometry as paste -> slice -> resize: on the CPU only the window's part of the image is decoded,
 resized to its place in the output and padded with the fill colour; on the GPU the whole image is decoded (the
 hardware decoder cannot decode a region) and the window read with one padded slice before the resize. The
-canvas holds up to 16 times the image, so either way is faster (docs/benchmarks.md#detection-loaders);
+canvas holds up to 16 times the image, so both are faster than building it (docs/benchmarks.md#detection-loaders);
 ``canvas_free=False`` builds it.
-``device="gpu"`` decodes with the mixed decoder and pastes, crops, resizes and encodes on the GPU
+``device="gpu"`` decodes with the mixed decoder and crops, resizes and encodes on the GPU
 (box geometry, which is tiny, stays on the CPU); ``device="cpu"`` needs no GPU. Labels are DALI's
 contiguous class indices 1..C: categories in the annotation file's order (``DetectionSource.label_to_category``).
 ``debug=True`` adds the random parameters and intermediate boxes (``DEBUG_OUTPUTS``) so tests can
