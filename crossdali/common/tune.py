@@ -10,8 +10,12 @@ no framework imported), for one dataset, backend, batch size and crop size on th
    pipeline(s), runs a warm-up, then times a fixed short window; a candidate faster than the best so far
    replaces it. Knobs interact: on a GPU the CUDA decoder's share pays only once several pipelines feed the
    decoders, and a second pipeline alone gains little, so the search takes pipelines before the share and
-   follows any gain (docs/benchmarks.md#tune);
-3. the defaults and the choice are measured once more (the search keeps the time for these two trials) and
+   follows any gain; threads come last, as the default already uses all cores but one and they matter least
+   where the hardware decoder does most of the work (docs/benchmarks.md#tune);
+3. a window read on a busy machine is mostly too slow, rarely too fast, so a configuration's estimate is its
+   best window, and a candidate that reads below the best by less than ``RECHECK_BAND`` gets a second window
+   before it is passed over (one slow window of the fastest configuration cost an earlier search its target);
+4. the defaults and the choice are measured once more (the search keeps the time for these two trials) and
    the choice is kept only if its mean beats the defaults' better window by more than ``NOISE_MARGIN`` (3 %),
    so noise alone never moves the choice away from the defaults (the defaults' first window may also have
    read cold files). Where the second look does not fit, the single windows must show that margin.
@@ -46,14 +50,18 @@ from crossdali.common.scripts.tune_files import (
     tune_key,
 )
 
-__all__ = ["NOISE_MARGIN", "SEARCH_ORDER", "TUNE_VERSION", "KNOBS", "TuneSettings", "Grid", "Trial", "TuneResult", "Machine",
+__all__ = ["NOISE_MARGIN", "RECHECK_BAND", "SEARCH_ORDER", "TUNE_VERSION", "KNOBS",
+           "TuneSettings", "Grid", "Trial", "TuneResult", "Machine",
            "detect_machine", "default_settings", "default_grid", "tune_dir", "tune_key", "tune_file", "read_tune",
            "measure", "tune", "write_tune", "main"]
 
 #: a candidate must beat the defaults by more than this share of their rate to replace them
 NOISE_MARGIN = 0.03
-#: the order the coordinate search takes the knobs in (module docstring: pipelines before the decoder share)
-SEARCH_ORDER = ("workers", "pipelines", "hw_decoder_load", "prefetch")
+#: a candidate this share or less below the best so far gets a second window before it is passed over
+RECHECK_BAND = 0.2
+#: the order the coordinate search takes the knobs in (module docstring: pipelines before the decoder share,
+#: threads last)
+SEARCH_ORDER = ("pipelines", "hw_decoder_load", "prefetch", "workers")
 
 
 
@@ -211,16 +219,20 @@ def tune(source, *, backend: str, batch_size: int, crop_size: int, budget_s: flo
     deadline = t_start + budget_s
     defaults = default_settings(backend, machine)
     grid = grid or default_grid(backend, machine, batch_size)
-    planned = 1 + sum(len([v for v in grid.values(k) if v != getattr(defaults, k)]) for k in KNOBS) + 2
+    off_start = sum(len([v for v in grid.values(k) if v != getattr(defaults, k)]) for k in KNOBS)
+    # the defaults, one trial per grid value off the start, second windows for about half of them, the second look
+    planned = 1 + off_start + (off_start + 1) // 2 + 2
     window = min(3.0, max(0.2, budget_s / (planned * 1.9)))  # first guess: a trial costs about 1.9 windows
     trials: list[Trial] = []
     windows: list[float] = []
 
     def build_cost() -> float:
-        # a trial costs its build (pipelines, GPU memory: seconds on a GPU) plus 1.5 windows; the slowest build
-        # so far is what the next may cost (the first also starts DALI's singletons once: left out when possible)
-        builds = [max(0.0, t.seconds - 1.5 * w) for t, w in zip(trials, windows)]
-        return max(builds[1:] or builds)
+        # a trial costs its build (pipelines, GPU memory: seconds on a GPU) plus 1.5 windows; the median build so far
+        # is what the next may cost (the first also starts DALI's singletons once: left out when possible). The median,
+        # not the slowest: one slow build would otherwise make every later trial look too dear and end the search early
+        builds = sorted(max(0.0, t.seconds - 1.5 * w) for t, w in zip(trials, windows))
+        builds = sorted(builds[1:]) if len(builds) > 1 else builds
+        return builds[len(builds) // 2]
 
     def next_window() -> float:
         # once two builds are known, the window shrinks so that every planned trial fits the budget
@@ -256,18 +268,27 @@ def tune(source, *, backend: str, batch_size: int, crop_size: int, budget_s: flo
             if trial is None:
                 out_of_time = True
                 break
-            if trial.images_per_s > best_rate:  # no margin here: the second look below applies it
-                best, best_rate = candidate, trial.images_per_s
+            rate = trial.images_per_s
+            if best_rate * (1 - RECHECK_BAND) <= rate <= best_rate:  # close below the best: one window may be unlucky
+                again = run(candidate, "  (again)", keep=2)
+                if again is None:
+                    out_of_time = True
+                rate = max(rate, again.images_per_s if again else 0.0)
+            if rate > best_rate:  # no margin here: the second look below applies it
+                best, best_rate = candidate, rate
+            if out_of_time:
+                break
         if out_of_time:
             break
-    defaults_rate, confirmed = first.images_per_s, False
+    defaults_rate = max(t.images_per_s for t in trials if t.settings == defaults)
+    confirmed = False
     if best != defaults:  # a second look at both, so one lucky window does not decide
         again_default, again_best = run(defaults, "  (defaults, again)"), None
         if again_default is not None:
             again_best = run(best, "  (choice, again)")
         if again_default is not None and again_best is not None:
             # the defaults at their better window (the first may have read cold files), the choice at its mean
-            defaults_rate = max(first.images_per_s, again_default.images_per_s)
+            defaults_rate = max(defaults_rate, again_default.images_per_s)
             best_rate = (best_rate + again_best.images_per_s) / 2
             confirmed = True
         if best_rate <= defaults_rate * (1 + margin):  # with or without the second look: a 3 % win or the defaults
