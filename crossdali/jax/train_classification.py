@@ -25,7 +25,6 @@ import argparse
 import logging
 import math
 import time
-from collections import deque
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -126,29 +125,24 @@ def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: 
     return train_step, eval_step
 
 
-#: steps dispatched before the host reads a step's loss (``train_one_epoch``)
-LOSS_LAG = 2
-
-
 def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
                     steps: StepLog) -> tuple[TrainState, dict[str, float]]:
-    """One epoch of ``train_step``. The host reads each step's loss ``LOSS_LAG`` steps after dispatching it:
-    JAX waits for that step's result only, so the GPU has steps queued while the host fetches the next
-    batch (reading it right away would leave the GPU idle for every fetch, and one step behind still
-    leaves it idle whenever one fetch takes longer than a step). The learning rates come from the host's
-    step count, computed on the CPU once an epoch: ``schedule(state.step)`` per step would run behind the
-    queued steps on the GPU and wait for them. Step times tile the epoch, from one dispatch to the next
-    (the last steps' until their results are ready)."""
+    """One epoch of ``train_step``. The host reads each step's loss after dispatching the next step:
+    JAX waits for that step's result only, so the GPU has a step queued while the host fetches the
+    next batch (reading it right away would leave the GPU idle for every fetch). The learning rates
+    come from the host's step count, computed on the CPU once an epoch: ``schedule(state.step)`` per
+    step would run behind the queued step on the GPU and wait for it. Step times tile the epoch, from
+    one dispatch to the next (the last step's until its result is ready)."""
     loss_sum, seen, data_wait = 0.0, 0, 0.0
     first = int(state.step)  # the previous epoch is finished here: nothing is waited for
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
         lrs = np.asarray(jax.vmap(schedule)(jnp.arange(first, first + max(1, len(loader)))))
-    pending: deque[list] = deque()  # [loss, samples, data wait, seconds, lr] of the steps not read yet
+    pending: list | None = None  # [loss, samples, data wait, seconds, lr] of the step not read yet
 
     def record(step: list) -> None:
         nonlocal loss_sum, seen
         loss, n, wait, seconds, lr = step
-        value = float(loss)  # that step's result only: the later steps are already queued
+        value = float(loss)  # that step's result only: the next step is already queued
         loss_sum, seen = loss_sum + value * n, seen + n
         steps.update(loss=value, lr=lr, samples=n, step_seconds=seconds, data_wait_seconds=wait)
 
@@ -166,15 +160,13 @@ def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
             images, labels = jax.device_put((images, labels), device)
         state, loss = train_step(state, images, labels)
         now = time.perf_counter()
-        pending.append([loss, int(images.shape[0]), wait, now - last, float(lrs[k])])
-        last = now
-        if len(pending) > LOSS_LAG:
-            record(pending.popleft())
-    if pending:
-        jax.block_until_ready(pending[-1][0])
-        pending[-1][3] += time.perf_counter() - last
-    while pending:
-        record(pending.popleft())
+        if pending is not None:
+            record(pending)
+        pending, last = [loss, int(images.shape[0]), wait, now - last, float(lrs[k])], now
+    if pending is not None:
+        jax.block_until_ready(pending[0])
+        pending[3] += time.perf_counter() - last
+        record(pending)
     steps.close()
     for _ in it:  # a shard may end with a skipped padding-only batch: finish the epoch
         pass
