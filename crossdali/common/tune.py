@@ -7,11 +7,12 @@ no framework imported), for one dataset, backend, batch size and crop size on th
 
 1. today's defaults are the first candidate and the first "best";
 2. coordinate search, one knob at a time over its grid (``Grid``) in ``SEARCH_ORDER``: each trial builds the
-   pipeline(s), runs a warm-up, then times a fixed short window; a candidate faster than the best so far
-   replaces it. Knobs interact: on a GPU the CUDA decoder's share pays only once several pipelines feed the
-   decoders, and a second pipeline alone gains little, so the search takes pipelines before the share and
-   follows any gain; threads come last, as the default already uses all cores but one and they matter least
-   where the hardware decoder does most of the work (docs/benchmarks.md#tune);
+   pipeline(s), runs a warm-up that lasts until the rate stops climbing (``run_until_steady``), then times a
+   fixed short window; a candidate faster than the best so far replaces it. Knobs interact: on a GPU the CUDA
+   decoder's share pays only once several pipelines feed the decoders, and a second pipeline alone gains
+   little, so the search takes pipelines before the share and follows any gain; threads come last, as the
+   default already uses all cores but one and they matter least where the hardware decoder does most of the
+   work (docs/benchmarks.md#tune);
 3. a window read on a busy machine is mostly too slow, rarely too fast, so a configuration's estimate is its
    best window, and a candidate that reads below the best by less than ``RECHECK_BAND`` gets a second window
    before it is passed over (one slow window of the fastest configuration cost an earlier search its target);
@@ -53,12 +54,16 @@ from crossdali.common.scripts.tune_files import (
 __all__ = ["NOISE_MARGIN", "RECHECK_BAND", "SEARCH_ORDER", "TUNE_VERSION", "KNOBS",
            "TuneSettings", "Grid", "Trial", "TuneResult", "Machine",
            "detect_machine", "default_settings", "default_grid", "tune_dir", "tune_key", "tune_file", "read_tune",
-           "measure", "tune", "write_tune", "main"]
+           "run_until_steady", "measure", "tune", "write_tune", "main"]
 
 #: a candidate must beat the defaults by more than this share of their rate to replace them
 NOISE_MARGIN = 0.03
 #: a candidate this share or less below the best so far gets a second window before it is passed over
 RECHECK_BAND = 0.2
+#: a trial's warm-up goes on while a span's rate beats the span before by more than this share ...
+RAMP_TOLERANCE = 0.03
+#: ... for at most this many more spans (``run_until_steady``)
+RAMP_CHECKS = 4
 #: the order the coordinate search takes the knobs in (module docstring: pipelines before the decoder share,
 #: threads last)
 SEARCH_ORDER = ("pipelines", "hw_decoder_load", "prefetch", "workers")
@@ -144,15 +149,42 @@ def _train_source(data: Path):
     return resolve_source(data, "train")
 
 
+def run_until_steady(step: Callable[[], object], half_s: float, deadline: float, *,
+                     max_extra: int = RAMP_CHECKS, tolerance: float = RAMP_TOLERANCE) -> int:
+    """Run ``step`` in spans of ``half_s`` seconds (at least one step each): two spans, then more while the last
+    span's rate still beats the one before by more than ``tolerance``, at most ``max_extra`` more; stops at
+    ``deadline``. Returns the spans run. A pipeline whose rate still climbs (the CPU decoding of a hardware-decoder
+    share below 1 read about 10 % low in one-second windows on an H200, docs/benchmarks.md#tune) is timed only
+    once it has stopped climbing."""
+    def rate() -> float:
+        t0, n = time.perf_counter(), 0
+        end = min(t0 + half_s, deadline)
+        while True:
+            step()
+            n += 1
+            if time.perf_counter() >= end:
+                return n / (time.perf_counter() - t0)
+
+    previous, spans = rate(), 1
+    while time.perf_counter() < deadline and spans < 2 + max_extra:
+        current = rate()
+        spans += 1
+        if current <= previous * (1 + tolerance):
+            break
+        previous = current
+    return spans
+
+
 def measure(source, settings: TuneSettings, *, backend: str, batch_size: int, crop_size: int,
-            warmup_s: float, window_s: float, deadline: float, device_id: int = 0) -> Trial:
+            warmup_s: float, window_s: float, deadline: float, device_id: int = 0, until_steady: bool = False) -> Trial:
     """Images per second of the classification train pipeline(s) with ``settings``.
 
     Builds ``settings.pipelines`` pipelines that together give ``batch_size`` images a step (as the
-    loaders split a shard, ``sub_shard_options``), runs ``warmup_s`` untimed (at least one step), then
-    times steps for ``window_s`` (at least one); GPU outputs are copied to the host at the end of the
-    warm-up and of the window so that the queued GPU work is inside the time. Both phases end early at
-    ``deadline`` (``time.perf_counter``)."""
+    loaders split a shard, ``sub_shard_options``), runs ``warmup_s`` untimed (at least one step; with
+    ``until_steady``, longer while the rate still climbs: ``run_until_steady``), then times steps for
+    ``window_s`` (at least one); GPU outputs are copied to the host at the end of the warm-up and of the
+    window so that the queued GPU work is inside the time. Both phases end early at ``deadline``
+    (``time.perf_counter``)."""
     from crossdali.common.classification import ClassificationTransform, create_classification_pipeline
     from crossdali.common.options import pipeline_options, sub_shard_options
 
@@ -176,9 +208,12 @@ def measure(source, settings: TuneSettings, *, backend: str, batch_size: int, cr
                     images.as_cpu()
 
         sync(step())
-        end = min(time.perf_counter() + warmup_s, deadline)
-        while time.perf_counter() < end:
-            outputs = step()
+        if until_steady:
+            run_until_steady(step, warmup_s / 2, deadline)
+        else:
+            end = min(time.perf_counter() + warmup_s, deadline)
+            while time.perf_counter() < end:
+                step()
         sync(step())
         start = time.perf_counter()
         end = min(start + window_s, deadline)
@@ -249,7 +284,7 @@ def tune(source, *, backend: str, batch_size: int, crop_size: int, budget_s: flo
         if trials and time.perf_counter() + (1 + keep) * (build_cost() + 1.5 * w) > deadline:
             return None
         trial = measure_one(source, settings, backend=backend, batch_size=batch_size, crop_size=crop_size,
-                        warmup_s=w / 2, window_s=w, deadline=deadline, device_id=device_id)
+                        warmup_s=w / 2, window_s=w, deadline=deadline, device_id=device_id, until_steady=True)
         windows.append(w)
         trials.append(trial)
         report(f"trial {len(trials):2d}: {settings.label():<48} {trial.images_per_s:10,.0f} images/s  "
@@ -264,6 +299,8 @@ def tune(source, *, backend: str, batch_size: int, crop_size: int, budget_s: flo
             if value == getattr(best, knob):
                 continue
             candidate = replace(best, **{knob: value})
+            if any(t.settings == candidate for t in trials):  # the best before this knob moved: already beaten
+                continue
             trial = run(candidate, keep=2)
             if trial is None:
                 out_of_time = True

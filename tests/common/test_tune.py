@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -25,6 +26,7 @@ from crossdali.common.tune import (
     default_settings,
     detect_machine,
     read_tune,
+    run_until_steady,
     tune,
     tune_key,
     write_tune,
@@ -134,6 +136,22 @@ def test_one_slow_window_does_not_hide_the_fastest_configuration():
     assert any("hw 0.8, pipelines 2, prefetch 2" in line and "(again)" in line for line in lines)
 
 
+def test_a_configuration_is_searched_once():
+    # threads come last: once 1 thread beats the default 4, the grid's next value 4 would be the defaults again;
+    # the search skips it (the defaults are measured again only in the second look)
+    cpu = Machine(gpu=None, hardware_jpeg_decoder=False, cpus=2)
+    grid = default_grid("dali-cpu", cpu, 32)
+    defaults = default_settings("dali-cpu", cpu)
+    assert defaults.workers == 4 and grid.workers == (1, 2, 4)
+    rates = {c: 150.0 if c.workers == 1 else 100.0 for c in grid.configs()}
+    lines: list[str] = []
+    result = tune(None, backend="dali-cpu", batch_size=32, crop_size=32, budget_s=10.0, machine=cpu, grid=grid,
+                  measure_fn=_landscape(rates), report=lines.append)
+    assert result.best == replace(defaults, workers=1), "\n".join(lines)
+    assert [t.settings for t in result.trials].count(defaults) == 2, "\n".join(lines)
+    assert "(defaults, again)" in lines[-2]
+
+
 def test_the_search_keeps_the_defaults_where_nothing_wins_by_the_margin():
     cpu = Machine(gpu=None, hardware_jpeg_decoder=False, cpus=2)
     grid = default_grid("dali-cpu", cpu, 32)
@@ -151,6 +169,31 @@ def test_the_search_keeps_the_defaults_where_nothing_wins_by_the_margin():
     result = tune(None, backend="dali-cpu", batch_size=32, crop_size=32, budget_s=10.0, machine=cpu, grid=grid,
                   measure_fn=cold, report=lambda line: None)
     assert result.confirmed and result.best == defaults and result.defaults_images_per_s == 100.0
+
+
+def _stepper(slow_s: float, ramp_s: float, fast_s: float):
+    """A step whose time falls from ``slow_s`` to ``fast_s`` over its first ``ramp_s`` seconds: a pipeline warming
+    up (a real sleep: the warm-up's timing is under test, not DALI)."""
+    start = time.perf_counter()
+
+    def step() -> None:
+        t = time.perf_counter() - start
+        time.sleep(fast_s if t >= ramp_s else slow_s - (slow_s - fast_s) * t / ramp_s)
+    return step, start
+
+
+def test_the_warm_up_lasts_until_the_rate_stops_climbing():
+    # a rate that doubles over 0.4 s: spans of 0.1 s go on while it climbs, so timing starts on the steady rate
+    step, start = _stepper(0.004, 0.4, 0.002)
+    spans = run_until_steady(step, 0.1, deadline=float("inf"), max_extra=8)
+    assert time.perf_counter() - start >= 0.4 and 5 <= spans < 2 + 8
+    # a steady rate: two spans, or a few more where the machine's noise read a span faster than the one before
+    step, _ = _stepper(0.002, 1e-9, 0.002)
+    assert 2 <= run_until_steady(step, 0.1, deadline=float("inf"), max_extra=8) < 2 + 8
+    # the deadline ends it: no span starts after it
+    step, start = _stepper(0.004, 10.0, 0.002)
+    run_until_steady(step, 0.1, deadline=start + 0.15, max_extra=8)
+    assert time.perf_counter() - start < 0.5
 
 
 def _write(cache, monkeypatch, data, settings: TuneSettings, *, batch: int, crop: int, backend: str = "dali-cpu"):
