@@ -162,3 +162,35 @@ def test_fetch_ahead_trains_on_the_same_batches(data_root, tiny_classification, 
         losses[ahead] = [r["loss"] for r in read_metrics(out) if r["event"] == "step"]
     assert len(losses["1"]) == len(losses["0"]) == 2 * 17
     assert losses["1"] == pytest.approx(losses["0"], rel=1e-4)
+
+
+def test_each_step_is_logged_with_its_own_loss_and_rate(tmp_path):
+    """The loop reads a step's loss after launching the next step (so the GPU has it queued): each step
+    record must still carry that step's own loss and learning rate, every step once, and the epoch's mean
+    loss weighs each step by its samples."""
+    from crossdali.common.scripts.metrics import MetricsWriter
+    from crossdali.common.scripts.runs import StepLog
+    from crossdali.tensorflow.distributed import init_distributed
+    from crossdali.tensorflow.train_classification import train_one_epoch
+
+    sizes = [4, 4, 4, 2]  # the last batch smaller, as at an epoch's end
+    batches = [(tf.fill([n, 2, 2, 3], float(k)), tf.zeros([n], tf.int64)) for k, n in enumerate(sizes)]
+    optimizer = tf.keras.optimizers.SGD(learning_rate=0.1)
+    seen_rates: list[float] = []
+
+    def train_step(images, labels):  # the step's "loss" is its batch's fill value; it reads the rate it was given
+        seen_rates.append(float(optimizer.learning_rate))
+        return tf.reduce_mean(images)
+
+    metrics = MetricsWriter(tmp_path)
+    steps = StepLog(metrics, epoch=0, epochs=1, total=len(batches), enabled=False)
+    stats = train_one_epoch(train_step, optimizer, batches, step0=10, schedule=lambda step: 0.01 * step,
+                            runtime=init_distributed(engine="none"), steps=steps)
+    metrics.close()
+    records = [r for r in read_metrics(tmp_path) if r["event"] == "step"]
+    assert [r["loss"] for r in records] == [0.0, 1.0, 2.0, 3.0]
+    assert [r["lr"] for r in records] == pytest.approx([0.10, 0.11, 0.12, 0.13])
+    assert seen_rates == pytest.approx([0.10, 0.11, 0.12, 0.13])
+    assert [r["samples"] for r in records] == sizes
+    assert stats["train_samples"] == 14 and stats["train_loss"] == pytest.approx((0 * 4 + 4 + 8 + 3 * 2) / 14)
+    assert all(r["step_s"] >= 0 for r in records)
