@@ -153,9 +153,8 @@ def run_until_steady(step: Callable[[], object], half_s: float, deadline: float,
                      max_extra: int = RAMP_CHECKS, tolerance: float = RAMP_TOLERANCE) -> int:
     """Run ``step`` in spans of ``half_s`` seconds (at least one step each): two spans, then more while the last
     span's rate still beats the one before by more than ``tolerance``, at most ``max_extra`` more; stops at
-    ``deadline``. Returns the spans run. A pipeline whose rate still climbs (the CPU decoding of a hardware-decoder
-    share below 1 read about 10 % low in one-second windows on an H200, docs/benchmarks.md#tune) is timed only
-    once it has stopped climbing."""
+    ``deadline``. Returns the spans run. A pipeline whose rate still climbs is timed only once it has stopped
+    climbing: a hardware-decoder share below 1 reads low in windows of about a second (docs/benchmarks.md#tune)."""
     def rate() -> float:
         t0, n = time.perf_counter(), 0
         end = min(t0 + half_s, deadline)

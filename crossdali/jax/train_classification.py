@@ -48,6 +48,7 @@ from crossdali.common.scripts.defaults import local_process_count, resolve_defau
 from crossdali.common.scripts.metrics import format_test_line, val_stats
 from crossdali.common.scripts.runs import (
     BestCheckpoint,
+    ReadBehind,
     StepLog,
     checkpoint_meta,
     choose_run_dir,
@@ -127,26 +128,15 @@ def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: 
 
 def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
                     steps: StepLog) -> tuple[TrainState, dict[str, float]]:
-    """One epoch of ``train_step``. The host reads each step's loss after dispatching the next step:
-    JAX waits for that step's result only, so the GPU has a step queued while the host fetches the
-    next batch (reading it right away would leave the GPU idle for every fetch). The learning rates
-    come from the host's step count, computed on the CPU once an epoch: ``schedule(state.step)`` per
-    step would run behind the queued step on the GPU and wait for it. Step times tile the epoch, from
-    one dispatch to the next (the last step's until its result is ready)."""
-    loss_sum, seen, data_wait = 0.0, 0, 0.0
+    """One epoch of ``train_step``. The host reads each step's loss after launching the next step
+    (``ReadBehind``). The learning rates come from the host's step count, computed on the CPU once an
+    epoch: ``schedule(state.step)`` per step would run behind the queued step on the GPU and wait for it."""
+    data_wait = 0.0
     first = int(state.step)  # the previous epoch is finished here: nothing is waited for
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
         lrs = np.asarray(jax.vmap(schedule)(jnp.arange(first, first + max(1, len(loader)))))
-    pending: list | None = None  # [loss, samples, data wait, seconds, lr] of the step not read yet
-
-    def record(step: list) -> None:
-        nonlocal loss_sum, seen
-        loss, n, wait, seconds, lr = step
-        value = float(loss)  # that step's result only: the next step is already queued
-        loss_sum, seen = loss_sum + value * n, seen + n
-        steps.update(loss=value, lr=lr, samples=n, step_seconds=seconds, data_wait_seconds=wait)
-
-    start = last = time.perf_counter()
+    start = time.perf_counter()
+    losses = ReadBehind(steps)
     it = iter(loader)
     for k in range(len(loader)):
         t0 = time.perf_counter()
@@ -159,20 +149,15 @@ def train_one_epoch(train_step, state: TrainState, loader, *, device, schedule,
         if device is not None:  # a no-op for dali-gpu; dali-cpu batches live on JAX's CPU device
             images, labels = jax.device_put((images, labels), device)
         state, loss = train_step(state, images, labels)
-        now = time.perf_counter()
-        if pending is not None:
-            record(pending)
-        pending, last = [loss, int(images.shape[0]), wait, now - last, float(lrs[k])], now
-    if pending is not None:
-        jax.block_until_ready(pending[0])
-        pending[3] += time.perf_counter() - last
-        record(pending)
+        losses.launched(loss, samples=int(images.shape[0]), lr=float(lrs[k]), data_wait_seconds=wait)
+    losses.finish()
     steps.close()
     for _ in it:  # a shard may end with a skipped padding-only batch: finish the epoch
         pass
     elapsed = time.perf_counter() - start
-    return state, {"train_loss": loss_sum / max(seen, 1), "train_img_s": seen / elapsed, "data_wait_s": data_wait,
-                   "train_samples": seen, "train_seconds": elapsed}
+    seen = losses.seen
+    return state, {"train_loss": losses.loss_sum / max(seen, 1), "train_img_s": seen / elapsed,
+                   "data_wait_s": data_wait, "train_samples": seen, "train_seconds": elapsed}
 
 
 def evaluate(eval_step, state: TrainState, loader, *, device, num_classes: int) -> dict[str, float]:

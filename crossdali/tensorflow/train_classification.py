@@ -48,6 +48,7 @@ from crossdali.common.scripts.defaults import resolve_defaults
 from crossdali.common.scripts.metrics import format_test_line, val_stats
 from crossdali.common.scripts.runs import (
     BestCheckpoint,
+    ReadBehind,
     StepLog,
     checkpoint_meta,
     choose_run_dir,
@@ -157,27 +158,17 @@ def make_train_step(model, optimizer, loss_fn, runtime: Runtime, *, jit_compile:
 
 def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runtime: Runtime,
                     steps: StepLog, fetch_ahead_batches: int = 0) -> dict[str, float]:
-    """One epoch. The host reads each step's loss after dispatching the next step (as the PyTorch and JAX
-    scripts do): TensorFlow waits for that step's result only, so the GPU always has the next step queued
-    while the host takes the next batch, sets the learning rate and launches the step; reading the loss
-    right away leaves the GPU idle for all of that on every step. Step times tile the epoch, from one
-    dispatch to the next (the last step's until its result is ready).
+    """One epoch. The host reads each step's loss after launching the next step (``ReadBehind``, as the
+    PyTorch and JAX scripts do), so the GPU keeps a step queued while the host takes the next batch, sets
+    the learning rate and launches the step.
 
     ``fetch_ahead_batches`` > 0: a background thread fetches the batches (``--fetch-ahead``).
     ``DALIDataset``'s next() copies the batch on TensorFlow's compute stream and waits for that
     stream, so fetched here it waits for the steps already queued; from the thread it waits beside
     them (docs/tensorflow.md)."""
-    loss_sum, seen, data_wait = 0.0, 0, 0.0
-    pending: list | None = None  # [loss, samples, data wait, seconds, lr] of the step not read yet
-
-    def record(step: list) -> None:
-        nonlocal loss_sum, seen
-        loss, n, wait, seconds, lr = step
-        value = float(loss)  # that step's result only: the next step is already queued
-        loss_sum, seen = loss_sum + value * n, seen + n
-        steps.update(loss=value, lr=lr, samples=n, step_seconds=seconds, data_wait_seconds=wait)
-
-    start = last = time.perf_counter()
+    data_wait = 0.0
+    start = time.perf_counter()
+    losses = ReadBehind(steps)
     total = len(loader)  # before the thread starts taking batches
     it = fetch_ahead(loader, fetch_ahead_batches)
     try:
@@ -192,19 +183,13 @@ def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runt
             lr = schedule(step0 + step)
             optimizer.learning_rate.assign(lr)  # ordered after the queued step's use of the rate
             loss = train_step(images, labels)
-            now = time.perf_counter()
-            if pending is not None:
-                record(pending)
-            pending, last = [loss, int(images.shape[0]), wait, now - last, lr], now
-        if pending is not None:
-            float(pending[0])
-            pending[3] += time.perf_counter() - last
-            record(pending)
+            losses.launched(loss, samples=int(images.shape[0]), lr=lr, data_wait_seconds=wait)
+        losses.finish()
     finally:
         it.close()
     steps.close()
     elapsed = time.perf_counter() - start
-    loss_total, seen_total = runtime.all_reduce_sum([loss_sum, seen])
+    loss_total, seen_total = runtime.all_reduce_sum([losses.loss_sum, losses.seen])
     return {"train_loss": loss_total / max(seen_total, 1), "train_img_s": seen_total / elapsed,
             "data_wait_s": data_wait, "train_samples": int(seen_total), "train_seconds": elapsed}
 

@@ -23,7 +23,7 @@ from crossdali.common.scripts.progress import EpochProgress, format_duration
 
 __all__ = ["PLOT_NAME", "BEST_CHECKPOINT", "CHECKPOINT_FORMAT", "default_run_dir", "choose_run_dir", "open_metrics",
            "plain_config", "label_names", "improved", "checkpoint_meta", "write_json", "BestCheckpoint", "StepLog",
-           "epoch_line", "summarize", "format_summary", "plot_run", "finish_run"]
+           "ReadBehind", "epoch_line", "summarize", "format_summary", "plot_run", "finish_run"]
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,40 @@ class StepLog:
 
     def close(self) -> None:
         self.progress.close()
+
+
+class ReadBehind:
+    """A training loop's step losses read one step late, for the loops that launch steps asynchronously (JAX,
+    Keras): call ``launched`` right after launching each step; it records the step before (reading that loss
+    waits for that step only, so the GPU keeps the new one queued while the host fetches the next batch), and
+    ``finish`` records the last. Reading each loss at once would leave the GPU idle during every hand-over.
+    Step times tile the epoch, from one launch to the next (the last one's until its loss is read); PyTorch's
+    ``StepTracker`` does the same through pinned memory."""
+
+    def __init__(self, steps: StepLog) -> None:
+        self.steps, self.loss_sum, self.seen = steps, 0.0, 0
+        self._pending: list | None = None  # [loss, samples, data wait, seconds, lr] of the step not read yet
+        self._last = time.perf_counter()
+
+    def launched(self, loss, *, samples: int, lr: float, data_wait_seconds: float) -> None:
+        now = time.perf_counter()
+        if self._pending is not None:
+            self._record(self._pending)
+        self._pending, self._last = [loss, samples, data_wait_seconds, now - self._last, lr], now
+
+    def finish(self) -> None:
+        if self._pending is None:
+            return
+        step, self._pending = self._pending, None
+        step[0] = float(step[0])  # waits for the last step, whose time runs until then
+        step[3] += time.perf_counter() - self._last
+        self._record(step)
+
+    def _record(self, step: list) -> None:
+        loss, n, wait, seconds, lr = step
+        value = float(loss)  # that step's result only: the next step is already queued
+        self.loss_sum, self.seen = self.loss_sum + value * n, self.seen + n
+        self.steps.update(loss=value, lr=lr, samples=n, step_seconds=seconds, data_wait_seconds=wait)
 
 
 def epoch_line(epoch: int, epochs: int, stats: dict, *, unit: str = "img") -> str:
