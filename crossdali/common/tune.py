@@ -264,9 +264,9 @@ def tune(source, *, backend: str, batch_size: int, crop_size: int, budget_s: flo
         # a trial costs its build (pipelines, GPU memory: seconds on a GPU) plus 1.5 windows; the median build so far
         # is what the next may cost (the first also starts DALI's singletons once: left out when possible). The median,
         # not the slowest: one slow build would otherwise make every later trial look too dear and end the search early
-        builds = sorted(max(0.0, t.seconds - 1.5 * w) for t, w in zip(trials, windows))
-        builds = sorted(builds[1:]) if len(builds) > 1 else builds
-        return builds[len(builds) // 2]
+        builds = [max(0.0, t.seconds - 1.5 * w) for t, w in zip(trials, windows)]
+        builds = sorted(builds[1:] or builds)
+        return builds[(len(builds) - 1) // 2]  # the lower median: of two, the cheaper
 
     def next_window() -> float:
         # once two builds are known, the window shrinks so that every planned trial fits the budget

@@ -136,6 +136,21 @@ def test_one_slow_window_does_not_hide_the_fastest_configuration():
     assert any("hw 0.8, pipelines 2, prefetch 2" in line and "(again)" in line for line in lines)
 
 
+def test_one_slow_build_does_not_end_the_search():
+    # a trial's cost is estimated from the builds so far: by their median, one slow build (the H200 run had one of
+    # 8.6 s among builds of about 5) does not make every later trial look too dear to fit the budget
+    gpu = Machine(gpu="NVIDIA H200", hardware_jpeg_decoder=True, cpus=16)
+    rates = {c: _interacting(c) for c in default_grid("dali-gpu", gpu, 256).configs()}
+    reported = iter([1.0, 1.0, 30.0])  # the third trial reports a 30 s build; the others 1 s (no time really passes)
+
+    def one_slow(source, settings, **kw) -> Trial:
+        return Trial(settings=settings, images_per_s=rates[settings], seconds=next(reported, 1.0), batches=1)
+
+    result = tune(None, backend="dali-gpu", batch_size=256, crop_size=224, budget_s=60.0, machine=gpu,
+                  measure_fn=one_slow, report=lambda line: None)
+    assert rates[result.best] == max(rates.values()) and len(result.trials) == 1 + 9 + 6 + 2
+
+
 def test_a_configuration_is_searched_once():
     # threads come last: once 1 thread beats the default 4, the grid's next value 4 would be the defaults again;
     # the search skips it (the defaults are measured again only in the second look)
