@@ -118,7 +118,10 @@ def main(args: argparse.Namespace) -> dict:
                   machine=machine, grid=grid, report=lambda line: print("  " + line, flush=True))
     report["tune"] = {"settings": asdict(result.best), "images_per_s": result.best_images_per_s,
                       "defaults_images_per_s": result.defaults_images_per_s, "trials": len(result.trials),
-                      "confirmed": result.confirmed, "seconds": time.perf_counter() - t0, "budget_s": args.budget}
+                      "confirmed": result.confirmed, "seconds": time.perf_counter() - t0, "budget_s": args.budget,
+                      # each trial in order (a configuration measured twice appears twice): what the search saw
+                      "trial_rates": [{**asdict(t.settings), "images_per_s": t.images_per_s, "seconds": t.seconds}
+                                      for t in result.trials]}
     print(f"tuned in {report['tune']['seconds']:.1f} s: {result.best.label()}", flush=True)
 
     t0 = time.perf_counter()

@@ -289,6 +289,9 @@ def test_the_benchmark_runs_on_the_cpu(tmp_path, data_root, tiny_classification,
     tuned = [r for r in report["rounds"]["configs"] if r["tuned"]]
     assert len(tuned) == 1 and [r for r in report["rounds"]["configs"] if r["defaults"]]
     assert 0 < report["tuned_share"]["of_medians"] <= 1 and report["tuned_share"]["rounds"] == 2
+    trials = report["tune"]["trial_rates"]
+    assert len(trials) == report["tune"]["trials"] and all(t["images_per_s"] > 0 for t in trials)
+    assert {k: trials[0][k] for k in ("workers", "hw_decoder_load", "pipelines", "prefetch")} == report["defaults"]
     assert not (tmp_path / "cache" / "tune").exists()  # the benchmark writes no tune file
 
 
