@@ -154,7 +154,7 @@ def run_until_steady(step: Callable[[], object], half_s: float, deadline: float,
     """Run ``step`` in spans of ``half_s`` seconds (at least one step each): two spans, then more while the last
     span's rate still beats the one before by more than ``tolerance``, at most ``max_extra`` more; stops at
     ``deadline``. Returns the spans run. A pipeline whose rate still climbs is timed only once it has stopped
-    climbing: a hardware-decoder share below 1 reads low in windows of about a second (docs/benchmarks.md#tune)."""
+    climbing: a hardware-decoder share below 1 reads low in windows under a second (docs/benchmarks.md#tune)."""
     def rate() -> float:
         t0, n = time.perf_counter(), 0
         end = min(t0 + half_s, deadline)
