@@ -262,3 +262,24 @@ def test_dali_gpu_over_two_gpus(tiny_classification, indexed_val_source, assert_
     stats = main(get_args_parser().parse_args([*SCRIPT_ARGS[:-3], "dali-gpu", "--epochs", "1", "--output-dir",
                                                str(tmp_path)]))
     assert stats["train_samples"] == 264 and stats["val_samples"] == 55
+
+
+def test_multi_gpu_benchmark_smoke_with_jax(tmp_path, data_root, tiny_classification):
+    """benchmarks/multi_gpu.py --framework jax on the CPU: the real JAX script on 1 and 2 forced host devices,
+    one process each; the 2-device run steps over half as many global batches, sees every val sample once,
+    and gets a scaling efficiency against the 1-device run."""
+    env = {**_env(tmp_path, data_root), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.multi_gpu", "--smoke", "--framework", "jax", "--out",
+                           str(tmp_path / "out")], cwd=HERE.parents[2], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "multi_gpu.json").read_text())
+    assert report["meta"]["framework"] == "jax"
+    one, two = report["results"]
+    for r in (one, two):
+        assert "failed" not in r, r.get("failed")
+        assert r["launcher"] == r["engine"] == "jax" and r["img_s"] > 0 and r["steady_img_s"] > 0
+        assert r["val_samples_last"] == report["meta"]["val_images"]  # each val sample once over both devices
+    assert (one["gpus"], two["gpus"]) == (1, 2)
+    assert one["steady_steps"] > two["steady_steps"] > 0  # a step of 2 devices takes twice the samples
+    assert two["scaling_efficiency"] > 0
