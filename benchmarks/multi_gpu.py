@@ -13,11 +13,11 @@ GPU, ``-j`` and the learning rate explicitly; ``--command default`` runs the com
 ``--data DIR --data-backend dali-gpu --epochs E --output-dir D`` and nothing else, under the launcher
 (JAX: one process, the GPUs chosen by ``CUDA_VISIBLE_DEVICES``), so the script's own defaults (AMP,
 memory format, batch 256 per GPU, the learning rate scaled to the global batch, threads per process)
-decide the speed. Epoch 1 warms up; the
-median ``train_img_s`` of the later epochs is the job's rate. ``steady_img_s`` leaves out each epoch's
-first and last step too (DALI's epoch start, the short last batch), which weigh twice as much in a
-2-GPU epoch of the bench set (16 steps) as in a 1-GPU one: the rate of the steps in between, from the
-script's per-step records. Writes ``multi_gpu.json``, ``multi_gpu.png`` and each run's log
+decide the speed; ``--data-backend synthetic`` gives the same launches without decoding (the model's own
+scaling). Epoch 1 warms up; the median ``train_img_s`` of the later epochs is the job's rate.
+``steady_img_s`` leaves out each epoch's first and last step too (DALI's epoch start, the short last
+batch), which weigh twice as much in a 2-GPU epoch of the bench set (16 steps) as in a 1-GPU one: the
+rate of the steps in between, from the script's per-step records. Writes ``multi_gpu.json``, ``multi_gpu.png`` and each run's log
 (``logs/``) into ``--out``. ``--tree DIR`` runs the training script of another checkout (the tree
 before a change, for an A/B run on the same machine).
 """
@@ -106,9 +106,9 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
                           *(["--amp"] if args.amp else [])]
         tree = args.tree.resolve()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
-        if launcher == "jax" and args.data_backend == "dali-gpu":
+        if launcher == "jax" and args.visible_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
-        elif launcher == "jax":  # the CPU check: N host devices stand in for N GPUs
+        elif launcher == "jax":  # no GPU here: N host devices stand in for N GPUs
             env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={gpus}".strip()
         start = time.perf_counter()
         proc = subprocess.run(_command(launcher, gpus, train_args), capture_output=True, text=True,
@@ -192,7 +192,7 @@ def main(args: argparse.Namespace) -> list[dict]:
     from crossdali.common.data.sample_data import ensure_classification
     from crossdali.common.data.sources import resolve_source
 
-    visible = _visible_gpus()
+    visible = args.visible_gpus = _visible_gpus()
     counts = [int(g) for g in args.gpus.split(",")]
     if args.data_backend == "dali-gpu" and visible < max(counts):
         raise usage_error(f"--gpus {args.gpus} needs {max(counts)} GPUs, {visible} visible: pass --gpus 1,{visible or 1}")
