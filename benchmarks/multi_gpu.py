@@ -17,9 +17,9 @@ decide the speed; ``--data-backend synthetic`` gives the same launches without d
 scaling). Epoch 1 warms up; the median ``train_img_s`` of the later epochs is the job's rate.
 ``steady_img_s`` leaves out each epoch's first and last step too (DALI's epoch start, the short last
 batch), which weigh twice as much in a 2-GPU epoch of the bench set (16 steps) as in a 1-GPU one: the
-rate of the steps in between, from the script's per-step records. Writes ``multi_gpu.json``, ``multi_gpu.png`` and each run's log
-(``logs/``) into ``--out``. ``--tree DIR`` runs the training script of another checkout (the tree
-before a change, for an A/B run on the same machine).
+rate of the steps in between, from the script's per-step records. Writes ``multi_gpu.json``,
+``multi_gpu.png`` and each run's log (``logs/``) into ``--out``. ``--tree DIR`` runs the training
+script of another checkout (the tree before a change, for an A/B run on the same machine).
 """
 
 from __future__ import annotations
