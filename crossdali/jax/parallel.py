@@ -6,11 +6,9 @@ along it and the weights replicated, and ``jax.distributed`` started from the la
     loader = create_classification_loader(data, train=True, sharding=sharding, batch_size=per_device)
     state = replicate(state, replicated(sharding))
 
-A step jitted over arrays placed this way is data-parallel without any collective written out:
-XLA computes the loss of the global batch (its mean over every device's rows, batch-norm statistics
-included), so the gradients are the mean over devices, and the replicated weights stay equal on
-every device. The numbers are those of one device given the whole batch, up to the order of float
-sums.
+A step jitted over arrays placed this way is data-parallel without any collective written out; the
+script's train step (``crossdali.jax.train_classification.make_steps``) runs on each device's rows
+instead, so that batch norm uses each device's statistics (as DDP does), and averages the gradients.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training import train_state
+from jax.sharding import PartitionSpec
 
 from crossdali.common.data.sample_data import ensure_classification, ensure_multilabel
 from crossdali.common.data.sources import resolve_source
@@ -67,7 +68,7 @@ from crossdali.common.scripts.train_args import (
 )
 from crossdali.jax.loaders import PADDING_LABEL, create_classification_loader
 from crossdali.jax.models import create_model
-from crossdali.jax.parallel import batch_sharding, initialize_distributed, replicate, replicated
+from crossdali.jax.parallel import AXIS, batch_sharding, initialize_distributed, replicate, replicated
 
 log = logging.getLogger("crossdali.train")
 
@@ -89,8 +90,11 @@ def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: 
     the count of its samples; multi-label: the summed loss and the sigmoid scores, for mAP over the
     whole val set). With ``sharding`` (the batch split over a mesh, ``crossdali.jax.parallel``) both
     take the state replicated over that mesh and the batch split along it; the results come back
-    replicated. A val batch's rows labelled ``PADDING_LABEL`` (a sharded loader's padding) count for
-    nothing."""
+    replicated. Over several devices the train step runs on each device's rows (``jax.shard_map``):
+    batch norm normalises by that device's statistics, as DDP and Horovod do in the other scripts,
+    and the gradients, loss and updated running statistics are averaged over the devices
+    (``lax.pmean``). A val batch's rows labelled ``PADDING_LABEL`` (a sharded loader's padding) count
+    for nothing."""
     if sharding is None:
         jit_train, jit_eval = partial(jax.jit, donate_argnums=0), jax.jit
     else:
@@ -107,11 +111,26 @@ def make_steps(model, *, num_classes: int, label_smoothing: float, multi_label: 
         targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
         return optax.softmax_cross_entropy(logits, targets).mean(), updates["batch_stats"]
 
-    @jit_train
-    def train_step(state: TrainState, images, labels):
+    def gradients(state: TrainState, images, labels):
         (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.batch_stats,
                                                                              images, labels)
-        return state.apply_gradients(grads=grads, batch_stats=batch_stats), loss
+        return loss, batch_stats, grads
+
+    if sharding is not None and sharding.mesh.size > 1:
+        # per device: XLA would otherwise take batch norm's statistics over the global batch, an
+        # all-reduce in every batch-norm layer's forward and backward. check_vma=False: the gradients
+        # stay each device's own (as under pmap) until the pmean below averages them
+        @partial(jax.jit, donate_argnums=0)
+        @partial(jax.shard_map, mesh=sharding.mesh, in_specs=(PartitionSpec(), PartitionSpec(AXIS), PartitionSpec(AXIS)),
+                 out_specs=(PartitionSpec(), PartitionSpec()), check_vma=False)
+        def train_step(state: TrainState, images, labels):
+            loss, batch_stats, grads = jax.lax.pmean(gradients(state, images, labels), AXIS)
+            return state.apply_gradients(grads=grads, batch_stats=batch_stats), loss
+    else:
+        @jit_train
+        def train_step(state: TrainState, images, labels):
+            loss, batch_stats, grads = gradients(state, images, labels)
+            return state.apply_gradients(grads=grads, batch_stats=batch_stats), loss
 
     @jit_eval
     def eval_step(state: TrainState, images, labels):

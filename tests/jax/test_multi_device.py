@@ -4,7 +4,8 @@ runs in a subprocess), and two processes joined by ``jax.distributed`` on the lo
 
 - the sharded loader: every batch one array split over the devices, each device's part its own shard;
   val sees every sample exactly once (padding rows labelled ``PADDING_LABEL``), train's shards disjoint;
-- the sharded train step equals one device given the same global batch (loss and weights);
+- the sharded train step equals one device given each device's half of the global batch, batch norm on
+  that half's statistics, the halves averaged (loss, weights, running statistics);
 - the training script on 2 devices, and under a launcher as 2 processes of 1 device each: the same
   losses and val numbers, every val sample once, only process 0 writing.
 """
@@ -84,7 +85,8 @@ def loader_case() -> dict:
     result["train_batches"] = [b[1].tolist() for b in batches]
     result["train_len"] = len(train)
 
-    # the sharded step against one device given the very same global batches
+    # the sharded step against one device given each device's half of the very same global batches:
+    # batch norm on each half's own statistics, the two halves' gradients, losses and statistics averaged
     import jax.numpy as jnp
     import optax
 
@@ -99,22 +101,36 @@ def loader_case() -> dict:
         return TrainState.create(apply_fn=model.apply, params=variables["params"], batch_stats=variables["batch_stats"],
                                  tx=optax.sgd(0.1, momentum=0.9))
 
-    one = jax.devices()[0]
-    steps = {"sharded": make_steps(model, num_classes=11, label_smoothing=0.1, sharding=sharding),
-             "one": make_steps(model, num_classes=11, label_smoothing=0.1)}
-    states = {"sharded": replicate(fresh(), replicated(sharding)), "one": jax.device_put(fresh(), one)}
+    def half(state, images, labels):  # one device's part, written out
+        def loss_fn(params):
+            logits, updates = model.apply({"params": params, "batch_stats": state.batch_stats}, images, train=True,
+                                          mutable=["batch_stats"])
+            targets = optax.smooth_labels(jax.nn.one_hot(labels, 11), 0.1)
+            return optax.softmax_cross_entropy(logits, targets).mean(), updates["batch_stats"]
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        return loss, stats, grads
+
+    train_step, _ = make_steps(model, num_classes=11, label_smoothing=0.1, sharding=sharding)
+    states = {"sharded": replicate(fresh(), replicated(sharding)), "one": jax.device_put(fresh(), jax.devices()[0])}
     losses: dict[str, list[float]] = {"sharded": [], "one": []}
     for images, index in batches:
         labels = np.asarray([labels_of[i] for i in index], np.int32)
-        for name, (train_step, _) in steps.items():
-            place = (lambda x: jax.device_put(x, sharding)) if name == "sharded" else (lambda x: jax.device_put(x, one))
-            states[name], loss = train_step(states[name], place(images), place(labels))
-            losses[name].append(float(loss))
+        states["sharded"], loss = train_step(states["sharded"], jax.device_put(images, sharding),
+                                             jax.device_put(labels, sharding))
+        losses["sharded"].append(float(loss))
+        n = len(labels) // 2  # the first half is the first device's (batch_sharding's order)
+        parts = [half(states["one"], images[:n], labels[:n]), half(states["one"], images[n:], labels[n:])]
+        loss, stats, grads = jax.tree_util.tree_map(lambda a, b: (a + b) / 2, *parts)
+        states["one"] = states["one"].apply_gradients(grads=grads, batch_stats=stats)
+        losses["one"].append(float(loss))
     result["losses"] = losses
-    flat = {n: np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(jax.device_get(s.params))])
+    flat = {n: np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(jax.device_get((s.params, s.batch_stats)))])
             for n, s in states.items()}
     result["max_param_diff"] = float(np.max(np.abs(flat["sharded"] - flat["one"])))
     result["max_param"] = float(np.max(np.abs(flat["one"])))
+    whole = make_steps(model, num_classes=11, label_smoothing=0.1)[0]  # batch norm over the global batch instead
+    result["global_bn_loss"] = float(whole(jax.device_put(fresh(), jax.devices()[0]), batches[0][0],
+                                           np.asarray([labels_of[i] for i in batches[0][1]], np.int32))[1])
     result["params_replicated"] = all(x.sharding.is_fully_replicated for x in jax.tree_util.tree_leaves(states["sharded"].params))
     return result
 
@@ -148,10 +164,12 @@ def test_sharded_loader_and_step_on_two_devices(tmp_path, data_root, tiny_classi
     assert found["train_len"] == len(found["train_batches"]) == 3
     seen = [i for batch in found["train_batches"] for i in batch]
     assert all(len(b) == 16 for b in found["train_batches"]) and len(set(seen)) == len(seen) == 48
-    # the same global batches on one device and split over two: the same losses and weights
+    # split over two devices: the losses, weights and running statistics of one device given each
+    # device's half and averaging, batch norm on each half's own statistics (as DDP)
     assert found["params_replicated"]
     assert found["losses"]["sharded"] == pytest.approx(found["losses"]["one"], rel=1e-5, abs=1e-6)
     assert found["max_param_diff"] <= 1e-5 * max(1.0, found["max_param"]), found
+    assert found["global_bn_loss"] != pytest.approx(found["losses"]["sharded"][0], rel=1e-4)  # the halves tell
 
 
 def _free_port() -> int:
@@ -267,11 +285,12 @@ def test_dali_gpu_over_two_gpus(tiny_classification, indexed_val_source, assert_
 def test_multi_gpu_benchmark_smoke_with_jax(tmp_path, data_root, tiny_classification):
     """benchmarks/multi_gpu.py --framework jax on the CPU: the real JAX script on 1 and 2 forced host devices,
     one process each; the 2-device run steps over half as many global batches, sees every val sample once,
-    and gets a scaling efficiency against the 1-device run."""
+    and gets a scaling efficiency against the 1-device run; ``--script-args`` reaches the script (its -j
+    after the benchmark's own) and is recorded."""
     env = {**_env(tmp_path, data_root), "OMP_NUM_THREADS": "2"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.multi_gpu", "--smoke", "--framework", "jax", "--out",
-                           str(tmp_path / "out")], cwd=HERE.parents[2], env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+                           str(tmp_path / "out"), "--script-args", "-j 2"], cwd=HERE.parents[2], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "multi_gpu.json").read_text())
     assert report["meta"]["framework"] == "jax"
@@ -280,6 +299,7 @@ def test_multi_gpu_benchmark_smoke_with_jax(tmp_path, data_root, tiny_classifica
         assert "failed" not in r, r.get("failed")
         assert r["launcher"] == r["engine"] == "jax" and r["img_s"] > 0 and r["steady_img_s"] > 0
         assert r["val_samples_last"] == report["meta"]["val_images"]  # each val sample once over both devices
+        assert r["script_args"] == "-j 2" and r["workers"] == 2, r  # the smoke's own -j is 1
     assert (one["gpus"], two["gpus"]) == (1, 2)
     assert one["steady_steps"] > two["steady_steps"] > 0  # a step of 2 devices takes twice the samples
     assert two["scaling_efficiency"] > 0
