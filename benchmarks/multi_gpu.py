@@ -4,6 +4,7 @@ under torchrun (DDP) and, where Horovod is installed, horovodrun; JAX in one pro
     python -m benchmarks.multi_gpu                                    # every GPU count in --gpus: results/latest
     python -m benchmarks.multi_gpu --out DIR --gpus 1,2 --launchers torchrun,horovodrun
     python -m benchmarks.multi_gpu --out DIR --gpus 1,2 --command default --framework jax
+    python -m benchmarks.multi_gpu --out DIR --gpus 2 --command default --script-args '-j 8'   # one setting's A/B
     python -m benchmarks.multi_gpu --out /tmp/smoke --smoke          # CPU check of the script (CI runs it)
 
 Each run is the real training script (``crossdali.<framework>.train_classification``) with DALI on every
@@ -29,6 +30,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -63,6 +65,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--tree", type=Path, default=ROOT,
                         help="checkout whose training script runs (default: this one; another for A/B runs)")
     parser.add_argument("--crop-size", type=int, default=None, help="the script's --crop-size (default: its own, 224)")
+    parser.add_argument("--script-args", default="", metavar="FLAGS",
+                        help="more flags for the training script in every run, recorded in the JSON (one setting's "
+                             "A/B beside a run without it), e.g. --script-args '-j 8'")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU check of this script: DALI CPU, SqueezeNet 1.1 (JAX: small_cnn) at 64 px on the tiny "
                              "set, 1 and 2 processes under torchrun (Gloo; JAX: 1 and 2 host devices), 2 epochs")
@@ -86,7 +91,8 @@ def _command(launcher: str, gpus: int, train_args: list[str]) -> list[str]:
 
 def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
     workers = args.workers or max(1, (os.cpu_count() or 2) // gpus - 1)
-    record: dict = {"launcher": launcher, "gpus": gpus, "command": args.command}
+    record: dict = {"launcher": launcher, "gpus": gpus, "command": args.command,
+                    **({"script_args": args.script_args} if args.script_args else {})}
     if args.command == "tuned":
         record["workers_per_gpu"] = workers
     if launcher == "horovodrun" and importlib.util.find_spec("horovod") is None:
@@ -104,6 +110,7 @@ def run_one(launcher: str, gpus: int, args: argparse.Namespace) -> dict:
                           # diverged within the bench set's 8-step warm-up epoch, and the script stops on a NaN loss
                           "--lr", f"{0.1 / gpus:g}", *(["--crop-size", str(args.crop_size)] if args.crop_size else []),
                           *(["--amp"] if args.amp else [])]
+        train_args += shlex.split(args.script_args)
         tree = args.tree.resolve()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
         if launcher == "jax" and args.visible_gpus:
