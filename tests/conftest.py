@@ -36,10 +36,17 @@ def data_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_classification(data_root) -> Path:
-    """The ``tiny`` classification sample set (11 classes; 264 train, 55 val samples)."""
+    """The ``tiny`` classification sample set (11 classes; 264 train, 55 val samples), in every format;
+    without TFRecord where the ``tfrecord`` package cannot be imported (the GPU machine's protobuf),
+    so that the GPU tests, which read image files, run there."""
     from crossdali.common.data.sample_data import ensure_classification
 
-    return ensure_classification(data_root, size="tiny")
+    formats = ("imagefolder", "tfrecord", "recordio", "webdataset")
+    try:
+        import tfrecord  # noqa: F401
+    except Exception:  # not installed, or its generated protobuf code refused by the installed protobuf
+        formats = tuple(f for f in formats if f != "tfrecord")
+    return ensure_classification(data_root, size="tiny", formats=formats)
 
 
 @pytest.fixture(scope="module")
