@@ -129,9 +129,18 @@ def _classification_kwargs(cfg: DumpConfig) -> dict:
             "seed": cfg.seed, "hw_decoder_load": cfg.hw_decoder_load}
 
 
-def _detection_kwargs(cfg: DumpConfig) -> dict:
+def _one_pipeline(factory: Callable) -> dict:
+    """``pipelines=1`` where ``factory`` takes it. Several pipelines (the PyTorch and JAX GPU default for video and
+    SSD training) each read their own part of the shard into a batch, with their own seed, and TensorFlow's loader
+    (``DALIDataset``) has one, so the frameworks are compared on the setting they all have."""
+    import inspect
+
+    return {"pipelines": 1} if "pipelines" in inspect.signature(factory).parameters else {}
+
+
+def _detection_kwargs(cfg: DumpConfig, factory: Callable) -> dict:
     return {"backend": cfg.backend, "batch_size": cfg.batch_size, "workers": cfg.workers, "seed": cfg.seed,
-            "hw_decoder_load": cfg.hw_decoder_load}
+            "hw_decoder_load": cfg.hw_decoder_load, **_one_pipeline(factory)}
 
 
 def _dump_wrapper(cfg: DumpConfig, module, to_numpy: Callable, *, classification_layout: dict,
@@ -159,7 +168,7 @@ def _dump_wrapper(cfg: DumpConfig, module, to_numpy: Callable, *, classification
     if cfg.detection_data and hasattr(module, "create_detection_loader"):
         for split in DETECTION_SPLITS:
             loader = module.create_detection_loader(cfg.detection_data, train=split == "detection_train",
-                                                    **_detection_kwargs(cfg))
+                                                    **_detection_kwargs(cfg, module.create_detection_loader))
             result[split] = _take(loader, cfg.batches, to_numpy, channels_last=False, split=split)
     return result
 
@@ -204,18 +213,14 @@ def _dump_mxnet(cfg: DumpConfig) -> dict[str, Batches]:
 
 
 def _video_kwargs(cfg: DumpConfig, factory: Callable) -> dict:
-    """The clip pipeline settings every framework dumps with (NCFHW), one DALI pipeline per process:
-    several pipelines (the PyTorch and JAX GPU default) read other clips into a batch, and TensorFlow's
-    loader (``DALIDataset``) has one, so the frameworks are compared on the setting they all have."""
+    """The clip pipeline settings every framework dumps with (NCFHW), one DALI pipeline per process
+    (``_one_pipeline``)."""
     import importlib.util
-    import inspect
 
-    kwargs = {"backend": cfg.backend, "batch_size": cfg.batch_size, "sequence_length": 8, "stride": 2,
-              "crop_size": cfg.crop_size, "workers": cfg.workers, "seed": cfg.seed, "layout": "NCFHW",
-              "validate": importlib.util.find_spec("av") is not None}  # probing the files needs PyAV
-    if "pipelines" in inspect.signature(factory).parameters:
-        kwargs["pipelines"] = 1
-    return kwargs
+    return {"backend": cfg.backend, "batch_size": cfg.batch_size, "sequence_length": 8, "stride": 2,
+            "crop_size": cfg.crop_size, "workers": cfg.workers, "seed": cfg.seed, "layout": "NCFHW",
+            "validate": importlib.util.find_spec("av") is not None,  # probing the files needs PyAV
+            **_one_pipeline(factory)}
 
 
 #: framework name -> dump function (imports its framework lazily).
@@ -375,6 +380,25 @@ def compare(out_dir: Path, *, min_frameworks: int = 2, expect: Iterable[str] = (
     return [d[0] for d in dumps]
 
 
+def split_report(out_dir: Path) -> dict[str, str]:
+    """Every split's verdict over the dumps in ``out_dir``, where ``compare`` stops at the first difference: the
+    frameworks found identical (``"identical: jax, pytorch"``) or each one that differs from the first framework
+    holding the split, with where. The GPU harness records it so that one run on a GPU machine tells every split."""
+    dumps = [(p.stem, load_dump(p)[1]) for p in sorted(Path(out_dir).glob("*.npz")) if not p.name.startswith(".")]
+    report = {}
+    for split in SPLITS + VIDEO_SPLITS + DETECTION_SPLITS:
+        holders = [(name, batches[split]) for name, batches in dumps if split in batches]
+        if len(holders) < 2:
+            report[split] = f"not compared: dumped by {holders[0][0] if holders else 'none'}"
+            continue
+        (first, ref), problems = holders[0], []
+        for name, batches in holders[1:]:
+            if problem := _first_difference(ref, batches, split=split):
+                problems.append(f"{first} vs {name}: {problem}")
+        report[split] = "; ".join(problems) or "identical: " + ", ".join(name for name, _ in holders)
+    return report
+
+
 def dumped_splits(out_dir: Path, name: str) -> list[str]:
     return [split for split in SPLIT_FIELDS if split in load_dump(Path(out_dir) / f"{name}.npz")[1]]
 
@@ -430,6 +454,8 @@ def gpu_parity(out_dir: Path, *, frameworks: Iterable[str], data: Path, video_da
         except ParityError as e:
             config["identical"] = []
             config["difference"] = str(e)
+        if len(dumped) >= 2:
+            config["split_report"] = split_report(folder)
         if cpu["returncode"] == 0 and "pytorch" in dumped:
             _, gpu_batches = load_dump(folder / "pytorch.npz")
             _, cpu_batches = load_dump(out_dir / "cpu" / "pytorch.npz")
@@ -523,6 +549,9 @@ def main(args: argparse.Namespace) -> None:
         for config in summary["configs"]:
             same = ", ".join(config["identical"]) or "NOT identical: " + config.get("difference", "dumps failed")
             print(f"dali-gpu hw_decoder_load={config['hw_decoder_load']:g}: {same}")
+            if not config["identical"]:
+                for split, verdict in config.get("split_report", {}).items():
+                    print(f"  {split}: {verdict}")
         print(f"wrote {args.out / 'summary.json'}")
         return
     try:

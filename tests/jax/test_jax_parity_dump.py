@@ -31,3 +31,17 @@ def test_dump_equals_the_raw_pipeline_transposed(tiny_classification, tmp_path):
             assert images.shape == (8, 3, 32, 32) and images.dtype == np.float32 and labels.dtype == np.int64
             np.testing.assert_array_equal(images, np.asarray(raw_images.as_tensor()))  # bit for bit
             np.testing.assert_array_equal(labels, np.asarray(raw_labels.as_tensor()).reshape(-1))
+
+
+def test_gpu_dumps_read_one_pipeline_where_the_default_is_several():
+    """On ``dali-gpu`` the JAX and PyTorch SSD and video training loaders default to several pipelines, each
+    reading its own part of the shard into a batch; TensorFlow's ``DALIDataset`` has one. The dumps pin one, or
+    the GPU comparison finds other samples in TensorFlow's batches rather than other preprocessing."""
+    from crossdali.common.detection import default_detection_pipelines
+    from crossdali.jax import create_detection_loader, create_video_loader
+    from crossdali.parity import _detection_kwargs, _video_kwargs
+
+    cfg = DumpConfig(data="unused", backend="dali-gpu")
+    assert default_detection_pipelines("dali-gpu", cfg.batch_size, train=True) > 1  # what the dump overrides
+    assert _detection_kwargs(cfg, create_detection_loader)["pipelines"] == 1
+    assert _video_kwargs(cfg, create_video_loader)["pipelines"] == 1

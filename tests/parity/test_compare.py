@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crossdali.parity import ParityError, compare, load_dump, mark_session_started
+from crossdali.parity import ParityError, compare, load_dump, mark_session_started, split_report
 
 pytestmark = pytest.mark.parity
 
@@ -80,6 +80,23 @@ def test_layout_transpose_mistake_fails(two_dumps):
     _rewrite(two_dumps / "b.npz", perturb)
     with pytest.raises(ParityError, match="images .* vs "):
         compare(two_dumps)
+
+
+def test_split_report_names_every_differing_split_past_the_first(two_dumps):
+    """The GPU harness's report goes on where ``compare`` stops: a difference in train does not hide one in val,
+    and the splits that agree say so."""
+    def perturb(arrays):
+        arrays["train/0/labels"][1] += 1
+        arrays["val/1/images"][0] += 1.0
+
+    shutil.copy(two_dumps / "b.npz", two_dumps / "c.npz")
+    _rewrite(two_dumps / "c.npz", perturb)
+    report = split_report(two_dumps)
+    assert report["train"].startswith("a vs c: batch 0 sample 1: labels")
+    assert report["val"].startswith("a vs c: batch 1 sample 0 (label 0): images max abs diff 1")
+    assert report["train_epoch2"] == "identical: a, b, c"
+    assert "a vs b" not in report["train"] + report["val"]
+    assert report["detection_train"] == "not compared: dumped by none"
 
 
 def test_fewer_than_two_frameworks_fails(two_dumps):
