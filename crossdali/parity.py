@@ -448,6 +448,9 @@ def gpu_parity(out_dir: Path, *, frameworks: Iterable[str], data: Path, video_da
         rows = [run_dump(f, folder, "--backend", "dali-gpu", "--hw-decoder-load", str(load)) for f in frameworks]
         config = {"backend": "dali-gpu", "hw_decoder_load": load, "dumps": rows}
         dumped = [r["framework"] for r in rows if r["returncode"] == 0]
+        for row in rows:  # the versions each dump was made with (DALI, the framework), for the record
+            if row["returncode"] == 0:
+                row["versions"] = load_dump(folder / f"{row['framework']}.npz")[0].get("versions")
         try:
             config["identical"] = compare(folder, min_frameworks=2)
             config["splits"] = dumped_splits(folder, config["identical"][0])
