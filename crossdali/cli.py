@@ -245,4 +245,12 @@ def entry_point() -> None:
             print(e.code, file=sys.stderr)
             raise SystemExit(2) from None
         raise
+    except ImportError as e:  # outside a script's run(), e.g. `crossdali plot` without matplotlib
+        from crossdali.common.scripts.script import missing_dependency_line
+
+        line = missing_dependency_line(e, prog="crossdali")
+        if line is None or "--debug" in sys.argv:
+            raise
+        print(line, file=sys.stderr)
+        raise SystemExit(2) from None
     raise SystemExit(code)

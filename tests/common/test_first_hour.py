@@ -74,3 +74,44 @@ def test_skip_check_names_only_the_bad_file_and_leaves_no_run_folder(tiny_classi
     files_named = set(re.findall(re.escape(str(data)) + r"/\S+\.jpg", proc.stderr))
     assert files_named == {str(bad)}, files_named  # no line names a good file
     assert not (tmp_path / "runs").exists(), list((tmp_path / "runs").rglob("*"))
+
+
+@pytest.mark.slow
+def test_a_missing_dependency_is_one_line_naming_the_package(tiny_classification, tmp_path):
+    """An incomplete install (here simplejpeg, which the check's fast pass imports in its worker processes) stops
+    with one line naming the package and the install command, not a traceback from inside the process pool."""
+    pytest.importorskip("torch")
+    absent = tmp_path / "absent"
+    absent.mkdir()
+    (absent / "sitecustomize.py").write_text("import sys\nsys.modules['simplejpeg'] = None  # as if not installed\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(absent), os.environ.get("PYTHONPATH")])),
+               CROSSDALI_CACHE=str(tmp_path / "cache"))  # an empty cache: the check runs and imports simplejpeg
+    cmd = [sys.executable, "-m", "crossdali", "train", "classification", "--framework", "pytorch", "--data",
+           str(tiny_classification / "imagefolder"), "--data-backend", "dali-cpu", "--epochs", "1", "--arch",
+           "small_cnn", "--crop-size", "32", "-b", "32"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("crossdali train classification --framework pytorch: error: the Python package simplejpeg is not "
+                    "installed here, and crossdali needs it (`pip install simplejpeg`; `pip install -r "
+                    "requirements/pytorch.txt -e .` from the source checkout installs every dependency)"), last
+    assert not (tmp_path / "runs").exists()
+    debug = subprocess.run([*cmd, "--debug"], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert debug.returncode == 1 and "ModuleNotFoundError" in debug.stderr  # --debug keeps the traceback
+
+
+def test_a_missing_dependency_outside_a_script_is_one_line_too(tmp_path):
+    """`crossdali plot` draws with matplotlib outside any training script's runner: the command's entry point gives
+    crossdali's own message for it as one line too."""
+    absent = tmp_path / "absent"
+    absent.mkdir()
+    (absent / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None  # as if not installed\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"event": "start"}\n{"event": "epoch", "epoch": 1, "train_loss": 1.0}\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(absent), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "crossdali", "plot", str(run)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "crossdali: error: plotting a run needs matplotlib: pip install matplotlib", proc.stderr

@@ -2,7 +2,8 @@
 
 ``run(main, get_args_parser())`` parses the command line and calls ``main(args)``. A user's mistake
 (a bad path, flag value or file: ``DataError``, ``UsageError``) prints one line naming the thing and
-the fix and exits 2; so does an output that cannot be written (``WriteError``, or an ``OSError`` such
+the fix and exits 2; so does a dependency of crossdali missing from the environment (an incomplete
+install: ``missing_dependency_line``), and an output that cannot be written (``WriteError``, or an ``OSError`` such
 as a full disk or a read-only folder on a named file); a stop asked for by SIGTERM/SIGINT (``TrainingStopped``) prints where the
 checkpoint is and exits 128 + the signal number, as a shell reports a signal; anything else is a
 bug and keeps its traceback. ``--debug`` keeps tracebacks for everything.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +22,8 @@ from typing import Any
 from crossdali.common.distributed import detect_distributed
 from crossdali.common.errors import DataError, UsageError, WriteError
 
-__all__ = ["TrainingStopped", "USER_ERRORS", "run", "configure_logging"]
+__all__ = ["DEPENDENCIES", "TrainingStopped", "USER_ERRORS", "missing_dependency", "missing_dependency_line", "run",
+           "configure_logging"]
 
 
 class TrainingStopped(Exception):
@@ -36,6 +39,44 @@ USER_ERRORS: tuple[type[BaseException], ...] = (DataError, UsageError, WriteErro
 #: An ``OSError`` with one of these on a named file is the machine's state, not a bug: one line, exit 2.
 _FILE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT,
                           errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG})
+
+
+#: Import name (or dotted prefix) -> the distribution to install, for what crossdali imports itself
+#: (pyproject.toml's dependencies and the extras its scripts reach). A ``ModuleNotFoundError`` for one of these is
+#: an incomplete install, said in one line; any other is a bug and keeps its traceback.
+DEPENDENCIES = {"nvidia.dali.plugin.tf": "nvidia-dali-tf-plugin-cuda130", "nvidia": "nvidia-dali-cuda130",
+                "numpy": "numpy", "PIL": "pillow", "tfrecord": "tfrecord", "crc32c": "crc32c", "tqdm": "tqdm",
+                "simplejpeg": "simplejpeg", "boto3": "boto3", "av": "av", "matplotlib": "matplotlib",
+                "skimage": "scikit-image", "pycocotools": "pycocotools"}
+_FRAMEWORKS = ("pytorch", "tensorflow", "jax", "mxnet")
+
+
+def missing_dependency(error: ImportError) -> str | None:
+    """The distribution to install for ``error`` where it is a missing dependency of crossdali, else None.
+    The module's name comes from the error, or from its message where a worker process raised it."""
+    name = error.name
+    if not name and (found := re.search(r"No module named '([^']+)'", str(error))):
+        name = found.group(1)
+    parts = (name or "").split(".")
+    for n in range(len(parts), 0, -1):  # the longest dotted prefix that names a dependency
+        if (package := DEPENDENCIES.get(".".join(parts[:n]))) is not None:
+            return package
+    return None
+
+
+def missing_dependency_line(error: ImportError, *, prog: str, where: str = "") -> str | None:
+    """The one line for a missing dependency: crossdali's own ``ImportError`` (its message names the package and
+    ``pip install``), or a missing module of ``DEPENDENCIES`` with ``pip install PACKAGE`` and the requirements file
+    of the framework that ``prog`` or ``where`` (a module name) names. None for any other error (a bug)."""
+    if "pip install" in str(error):
+        return f"{prog}: error: {error}"
+    package = missing_dependency(error)
+    if package is None:
+        return None
+    framework = next((f for f in _FRAMEWORKS if f in f"{where} {prog}"), "<framework>")
+    return (f"{prog}: error: the Python package {package} is not installed here, and crossdali needs it (`pip install "
+            f"{package}`; `pip install -r requirements/{framework}.txt -e .` from the source checkout installs every "
+            "dependency)")
 
 
 def configure_logging(*, is_main: bool, debug: bool = False) -> None:
@@ -69,6 +110,13 @@ def run(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentPars
         if debug:
             raise
         print(f"{_prefix(parser.prog)}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ImportError as e:
+        line = missing_dependency_line(e, prog=_prefix(parser.prog), where=getattr(main, "__module__", ""))
+        if debug or line is None:
+            raise
+        _discard_unstarted_runs()
+        print(line, file=sys.stderr)
         raise SystemExit(2) from None
     except OSError as e:
         if debug or e.filename is None or e.errno not in _FILE_ERRNOS:
