@@ -53,7 +53,10 @@ _FRAMEWORKS = ("pytorch", "tensorflow", "jax", "mxnet")
 
 def missing_dependency(error: ImportError) -> str | None:
     """The distribution to install for ``error`` where it is a missing dependency of crossdali, else None.
-    The module's name comes from the error, or from its message where a worker process raised it."""
+    The module's name comes from the error, or from its message where a worker process raised it. Only a module
+    not found counts: an ``ImportError`` naming a dependency (a name it lacks) is a version mismatch, not this."""
+    if not isinstance(error, ModuleNotFoundError):
+        return None
     name = error.name
     if not name and (found := re.search(r"No module named '([^']+)'", str(error))):
         name = found.group(1)
