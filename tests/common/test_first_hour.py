@@ -76,16 +76,23 @@ def test_skip_check_names_only_the_bad_file_and_leaves_no_run_folder(tiny_classi
     assert not (tmp_path / "runs").exists(), list((tmp_path / "runs").rglob("*"))
 
 
+def _env_without(module: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a Python that cannot import ``module``, as if it were not installed (a
+    ``sitecustomize`` that blocks it, first on PYTHONPATH, so worker processes inherit it too)."""
+    absent = tmp_path / "absent"
+    absent.mkdir()
+    (absent / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(absent), os.environ.get("PYTHONPATH")])),
+                **extra)
+
+
 @pytest.mark.slow
 def test_a_missing_dependency_is_one_line_naming_the_package(tiny_classification, tmp_path):
     """An incomplete install (here simplejpeg, which the check's fast pass imports in its worker processes) stops
     with one line naming the package and the install command, not a traceback from inside the process pool."""
     pytest.importorskip("torch")
-    absent = tmp_path / "absent"
-    absent.mkdir()
-    (absent / "sitecustomize.py").write_text("import sys\nsys.modules['simplejpeg'] = None  # as if not installed\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(absent), os.environ.get("PYTHONPATH")])),
-               CROSSDALI_CACHE=str(tmp_path / "cache"))  # an empty cache: the check runs and imports simplejpeg
+    # an empty cache: the check runs and imports simplejpeg
+    env = _env_without("simplejpeg", tmp_path, CROSSDALI_CACHE=str(tmp_path / "cache"))
     cmd = [sys.executable, "-m", "crossdali", "train", "classification", "--framework", "pytorch", "--data",
            str(tiny_classification / "imagefolder"), "--data-backend", "dali-cpu", "--epochs", "1", "--arch",
            "small_cnn", "--crop-size", "32", "-b", "32"]
@@ -104,13 +111,10 @@ def test_a_missing_dependency_is_one_line_naming_the_package(tiny_classification
 def test_a_missing_dependency_outside_a_script_is_one_line_too(tmp_path):
     """`crossdali plot` draws with matplotlib outside any training script's runner: the command's entry point gives
     crossdali's own message for it as one line too."""
-    absent = tmp_path / "absent"
-    absent.mkdir()
-    (absent / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None  # as if not installed\n")
+    env = _env_without("matplotlib", tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"event": "start"}\n{"event": "epoch", "epoch": 1, "train_loss": 1.0}\n')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(absent), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-m", "crossdali", "plot", str(run)], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
