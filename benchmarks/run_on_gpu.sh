@@ -14,6 +14,7 @@
 #   training_speed_jax         --framework jax
 #   training_speed_tensorflow  --framework tensorflow --modes default --backends synthetic,dali-gpu (XLA rows take
 #                              minutes each; needs TensorFlow staged)
+#   gpu_timeline               --framework jax: an nsys trace of the default command per backend (needs nsys)
 #   detection_loaders          builds the custom operator plugin, then every row incl. --fused-colour
 #   video_decode, inference, external_source, loader_formats, proxy_loader (video_decode needs PyAV)
 #   auto_augment               the loader's DALI GPU rows with each --auto-augment policy (--only "DALI GPU")
@@ -44,8 +45,8 @@
 # (stage-tf: /tmp/tfenv.sh is sourced where it exists). An installed DALI is used as it is.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-(( $# )) || { sed -n '2,34p' "$0"; exit 2; }
-phases=(tests parity optical_flow classification_loaders training_speed training_speed_jax training_speed_tensorflow
+(( $# )) || { sed -n '2,35p' "$0"; exit 2; }
+phases=(tests parity optical_flow classification_loaders training_speed training_speed_jax training_speed_tensorflow gpu_timeline
         detection_loaders video_decode inference predict_latency external_source loader_formats proxy_loader check_speed
         multi_gpu tf_vs_torch tune object_store soak auto_augment global_order)
 for phase in "$@"; do
@@ -107,6 +108,8 @@ run_phase() {
     training_speed_jax) sample_sets; bench training_speed_jax training_speed 590 --framework jax ;;
     training_speed_tensorflow) has tensorflow "$1" && { sample_sets
       bench training_speed_tensorflow training_speed 590 --framework tensorflow --modes default --backends synthetic,dali-gpu; } ;;
+    gpu_timeline) if command -v nsys > /dev/null; then sample_sets; bench gpu_timeline gpu_timeline 590 --framework jax
+      else echo "gpu_timeline: skipped, needs nsys on PATH" | tee -a "$logs/steps.txt"; fi ;;
     detection_loaders) step plugin_build 240 "$py" -m crossdali.common.plugins build
       bench detection_loaders detection_loaders 540 --seconds 10 --fused-colour --budget-s 480 ;;
     video_decode) has av "$1" && bench video_decode video_decode 590 --work "$CROSSDALI_DATA/video-bench" ;;

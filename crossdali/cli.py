@@ -38,7 +38,7 @@ TRAIN_SCRIPTS: dict[tuple[str, str], str] = {
 FRAMEWORKS = {"pytorch": "torch", "tensorflow": "tensorflow", "jax": "jax", "mxnet": "mxnet"}
 BENCHMARKS = ("classification_loaders", "detection_loaders", "video_decode", "multi_gpu", "check_speed", "tf_vs_torch",
               "external_source", "inference", "training_speed", "loader_formats", "soak", "proxy_loader",
-              "predict_latency", "object_store", "tune")
+              "predict_latency", "object_store", "tune", "gpu_timeline")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
