@@ -157,10 +157,11 @@ def make_train_step(model, optimizer, loss_fn, runtime: Runtime, *, jit_compile:
 
 
 def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runtime: Runtime,
-                    steps: StepLog, fetch_ahead_batches: int = 0) -> dict[str, float]:
-    """One epoch. The host reads each step's loss after launching the next step (``ReadBehind``, as the
-    PyTorch and JAX scripts do), so the GPU keeps a step queued while the host takes the next batch, sets
-    the learning rate and launches the step.
+                    steps: StepLog, fetch_ahead_batches: int = 0, read_loss_every: int = 1) -> dict[str, float]:
+    """One epoch. The host reads the step losses after launching the next step (``ReadBehind``, as the
+    PyTorch and JAX scripts do), in blocks of ``read_loss_every`` steps (``--read-loss-every``): TensorFlow's
+    copy of a loss to the host waits for the step just launched too, so each read leaves the GPU idle while
+    the host takes the next batch, sets the learning rate and launches the step.
 
     ``fetch_ahead_batches`` > 0: a background thread fetches the batches (``--fetch-ahead``).
     ``DALIDataset``'s next() copies the batch on TensorFlow's compute stream and waits for that
@@ -168,7 +169,7 @@ def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runt
     them (docs/tensorflow.md)."""
     data_wait = 0.0
     start = time.perf_counter()
-    losses = ReadBehind(steps)
+    losses = ReadBehind(steps, every=read_loss_every)
     total = len(loader)  # before the thread starts taking batches
     it = fetch_ahead(loader, fetch_ahead_batches)
     try:
@@ -373,7 +374,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
                   epochs=args.epochs, jit_compile=jit_compile, cuda_queues=queues if on_gpu else None,
-                  **defaults.record())
+                  read_loss_every=args.read_loss_every, **defaults.record())
     def validate(eval_step) -> dict[str, float]:
         if args.multi_label:
             return evaluate_multilabel(eval_step, val_loader, runtime=runtime)
@@ -394,7 +395,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                         world_size=runtime.dist.world_size, enabled=runtime.dist.is_main, print_freq=args.print_freq)
         stats = train_one_epoch(train_step, optimizer, train_loader, step0=epoch * steps_per_epoch,
                                 schedule=schedule, runtime=runtime, steps=steps,
-                                fetch_ahead_batches=args.fetch_ahead)
+                                fetch_ahead_batches=args.fetch_ahead, read_loss_every=args.read_loss_every)
         if runtime.hvd is not None:  # Horovod averages gradients only: every rank evaluates (and rank 0
             for var in model.non_trainable_variables:  # saves) rank 0's BatchNorm statistics
                 var.assign(runtime.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0))

@@ -30,7 +30,7 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
 #: iterators hand over batches without waiting for the running step; --cuda-graphs is PyTorch's only: XLA
 #: (TensorFlow's --jit-compile, JAX) and MXNet's symbolic graphs launch a step their own way
 ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--cuda-graphs", "--global-order"},
-                                "tensorflow": {"--jit-compile", "--fetch-ahead"}}
+                                "tensorflow": {"--jit-compile", "--fetch-ahead", "--read-loss-every"}}
 
 
 def _parser(framework: str):

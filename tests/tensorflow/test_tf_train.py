@@ -149,25 +149,31 @@ def test_xla_step_trains_like_the_graph_step(data_root, tiny_classification, tmp
 
 
 def test_fetch_ahead_trains_on_the_same_batches(data_root, tiny_classification, tmp_path, monkeypatch):
-    """``--fetch-ahead 1`` (a background thread fetches the batches) against the loop fetching them: the
-    same batches in the same order, so the same step losses, every sample once, and the loader's epoch
-    count right for the next epoch (the thread never reads past the epoch)."""
+    """``--fetch-ahead 1`` (a background thread fetches the batches) against the loop fetching them, and with
+    the losses read in blocks (``--read-loss-every 4``): the same batches in the same order, so the same step
+    losses, every sample once, and the loader's epoch count right for the next epoch (the thread never reads past
+    the epoch)."""
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     losses = {}
-    for ahead in ("0", "1"):
-        out = tmp_path / ahead
-        stats = main(get_args_parser().parse_args([*FAST, "--epochs", "2", "--jit-compile", "off", "--fetch-ahead",
-                                                   ahead, "--output-dir", str(out)]))
+    for name, flags in {"0": ["--fetch-ahead", "0"], "1": ["--fetch-ahead", "1"],
+                        "blocks": ["--fetch-ahead", "1", "--read-loss-every", "4"]}.items():
+        out = tmp_path / name
+        stats = main(get_args_parser().parse_args([*FAST, "--epochs", "2", "--jit-compile", "off", *flags,
+                                                   "--output-dir", str(out)]))
         assert stats["train_samples"] == 264 and stats["val_samples"] == 55
-        losses[ahead] = [r["loss"] for r in read_metrics(out) if r["event"] == "step"]
-    assert len(losses["1"]) == len(losses["0"]) == 2 * 17
+        records = read_metrics(out)
+        assert next(r for r in records if r["event"] == "start")["read_loss_every"] == (4 if name == "blocks" else 1)
+        losses[name] = [r["loss"] for r in records if r["event"] == "step"]
+    assert len(losses["1"]) == len(losses["0"]) == len(losses["blocks"]) == 2 * 17
     assert losses["1"] == pytest.approx(losses["0"], rel=1e-4)
+    assert losses["blocks"] == pytest.approx(losses["0"], rel=1e-4)
 
 
-def test_each_step_is_logged_with_its_own_loss_and_rate(tmp_path):
-    """The loop reads a step's loss after launching the next step (so the GPU has it queued): each step
-    record must still carry that step's own loss and learning rate, every step once, and the epoch's mean
-    loss weighs each step by its samples."""
+@pytest.mark.parametrize("every", [1, 3])
+def test_each_step_is_logged_with_its_own_loss_and_rate(tmp_path, every):
+    """The loop reads a step's loss after launching the next step (so the GPU has it queued), or a block of
+    ``every`` losses: each step record must still carry that step's own loss and learning rate, every step
+    once, and the epoch's mean loss weighs each step by its samples."""
     from crossdali.common.scripts.metrics import MetricsWriter
     from crossdali.common.scripts.runs import StepLog
     from crossdali.tensorflow.distributed import init_distributed
@@ -185,7 +191,7 @@ def test_each_step_is_logged_with_its_own_loss_and_rate(tmp_path):
     metrics = MetricsWriter(tmp_path)
     steps = StepLog(metrics, epoch=0, epochs=1, total=len(batches), enabled=False)
     stats = train_one_epoch(train_step, optimizer, batches, step0=10, schedule=lambda step: 0.01 * step,
-                            runtime=init_distributed(engine="none"), steps=steps)
+                            runtime=init_distributed(engine="none"), steps=steps, read_loss_every=every)
     metrics.close()
     records = [r for r in read_metrics(tmp_path) if r["event"] == "step"]
     assert [r["loss"] for r in records] == [0.0, 1.0, 2.0, 3.0]

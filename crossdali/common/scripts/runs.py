@@ -203,37 +203,46 @@ class StepLog:
 
 
 class ReadBehind:
-    """A training loop's step losses read one step late, for the loops that launch steps asynchronously (JAX,
-    Keras): call ``launched`` right after launching each step; it records the step before (reading that loss
-    waits for that step only, so the GPU keeps the new one queued while the host fetches the next batch), and
-    ``finish`` records the last. Reading each loss at once would leave the GPU idle during every hand-over.
-    Step times tile the epoch, from one launch to the next (the last one's until its loss is read); PyTorch's
-    ``StepTracker`` does the same through pinned memory."""
+    """A training loop's step losses read late, for the loops that launch steps asynchronously (JAX, Keras):
+    call ``launched`` right after launching each step and ``finish`` after the last.
 
-    def __init__(self, steps: StepLog) -> None:
-        self.steps, self.loss_sum, self.seen = steps, 0.0, 0
-        self._pending: list | None = None  # [loss, samples, data wait, seconds, lr] of the step not read yet
+    ``every=1`` reads each loss once the next step is launched: in JAX that read waits for its own step only, so
+    the GPU keeps the new step queued while the host fetches the next batch. TensorFlow's copy of a tensor to the
+    host waits for everything queued on its compute stream, the step just launched too, so there each read leaves
+    the GPU idle while the host launches the next step; ``every=N`` reads the losses in blocks of N (the newest step
+    still queued), one such wait per N steps (docs/tensorflow.md#on-the-gpu). Every step is logged
+    once with its own loss; the steps of a block share the block's time equally, so step times still tile the epoch
+    (the last one's until its loss is read). PyTorch's ``StepTracker`` does the same through pinned memory."""
+
+    def __init__(self, steps: StepLog, *, every: int = 1) -> None:
+        if every < 1:
+            raise ValueError(f"every={every}: read the losses every 1 or more steps")
+        self.steps, self.every, self.loss_sum, self.seen = steps, every, 0.0, 0
+        self._pending: list[list] = []  # [loss, samples, data wait, seconds, lr] of the steps not read yet
         self._last = time.perf_counter()
 
     def launched(self, loss, *, samples: int, lr: float, data_wait_seconds: float) -> None:
         now = time.perf_counter()
-        if self._pending is not None:
-            self._record(self._pending)
-        self._pending, self._last = [loss, samples, data_wait_seconds, now - self._last, lr], now
+        self._pending.append([loss, samples, data_wait_seconds, now - self._last, lr])
+        self._last = now
+        if len(self._pending) > self.every:  # read all but the step just launched
+            block, self._pending = self._pending[:-1], self._pending[-1:]
+            self._record(block)
 
     def finish(self) -> None:
-        if self._pending is None:
+        if not self._pending:
             return
-        step, self._pending = self._pending, None
-        step[0] = float(step[0])  # waits for the last step, whose time runs until then
-        step[3] += time.perf_counter() - self._last
-        self._record(step)
+        block, self._pending = self._pending, []
+        block[-1][0] = float(block[-1][0])  # waits for the last step, whose time runs until then
+        block[-1][3] += time.perf_counter() - self._last
+        self._record(block)
 
-    def _record(self, step: list) -> None:
-        loss, n, wait, seconds, lr = step
-        value = float(loss)  # that step's result only: the next step is already queued
-        self.loss_sum, self.seen = self.loss_sum + value * n, self.seen + n
-        self.steps.update(loss=value, lr=lr, samples=n, step_seconds=seconds, data_wait_seconds=wait)
+    def _record(self, block: list[list]) -> None:
+        values = [float(step[0]) for step in block]  # the first read waits; the block's results are then there
+        seconds = sum(step[3] for step in block) / len(block)
+        for value, (_, n, wait, _, lr) in zip(values, block, strict=True):
+            self.loss_sum, self.seen = self.loss_sum + value * n, self.seen + n
+            self.steps.update(loss=value, lr=lr, samples=n, step_seconds=seconds, data_wait_seconds=wait)
 
 
 def epoch_line(epoch: int, epochs: int, stats: dict, *, unit: str = "img") -> str:

@@ -109,6 +109,11 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "batch after reading the last step's loss). DALIDataset's next() waits for the step "
                              "queued on TensorFlow's stream; from the thread it waits beside it "
                              "(docs/benchmarks.md#training-speed)")
+    parser.add_argument("--read-loss-every", type=positive_int, default=1, metavar="N",
+                        help="read the step losses in blocks of N steps, the newest step still queued (1: each loss "
+                             "once the next step is launched). TensorFlow's copy of the loss to the host waits for "
+                             "everything queued on its compute stream, so each read leaves the GPU idle while the host "
+                             "launches the next step: N spreads that over N steps (docs/tensorflow.md)")
     add_multi_label_arg(parser)
     return parser
 
