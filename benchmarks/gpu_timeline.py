@@ -251,9 +251,13 @@ def trace_backend(args, backend: str, data: Path, nsys: str, work: Path) -> dict
     if proc.returncode != 0:
         raise RuntimeError(f"{backend}: the traced run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     sqlite = trace.with_suffix(".sqlite")
-    subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(sqlite),
-                    str(_report_file(trace, nsys))], capture_output=True, check=True, timeout=args.timeout)
-    metrics = next(run_dir.rglob("metrics.jsonl"))
+    export = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(sqlite),
+                             str(_report_file(trace, nsys))], capture_output=True, text=True, timeout=args.timeout)
+    if export.returncode != 0:
+        raise RuntimeError(f"{backend}: nsys export failed (exit {export.returncode}):\n{export.stderr[-3000:]}")
+    metrics = next(run_dir.rglob("metrics.jsonl"), None)
+    if metrics is None:
+        raise RuntimeError(f"{backend}: the traced run wrote no metrics.jsonl under {run_dir}")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = sum(1 for r in records if r.get("event") == "step" and r.get("epoch") == args.epochs)
     kernels, copies = read_trace(sqlite)
