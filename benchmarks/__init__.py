@@ -44,3 +44,11 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def bench_set(size: str = "bench") -> Path:
+    """The classification sample set of ``size`` (built if missing, JPEG folders only): the training benchmarks
+    read it through ``--data``, as a user's own data would be."""
+    from crossdali.common.data.sample_data import ensure_classification
+
+    return ensure_classification(size=size, formats=("imagefolder",)) / "imagefolder"

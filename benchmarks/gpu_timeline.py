@@ -36,8 +36,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import gpu_name, usage_error
+from benchmarks import bench_set, gpu_name, usage_error
 from benchmarks.plot import backend_color, pyplot
+from crossdali.common.scripts.metrics import read_metrics
 
 SPLIT_MS = 20.0  #: GPU idle time that separates two stretches of framework kernels
 LONG_GAP_MS = 0.1  #: idle gaps at least this long are counted apart from the gaps between queued kernels
@@ -180,7 +181,7 @@ def summarize(kernels, copies, *, epochs: int, steps_per_epoch: int | None = Non
                        for k, v in sorted(moved.items())}})
         if number > 1:
             dali_timed += dl
-    timed = per_epoch[1:] or per_epoch
+    timed = per_epoch[1:]  # epoch 1 is the warm-up (main asks for 2 epochs or more)
     report = {"dali_streams": len(dali_streams), "epochs": per_epoch, "timed_epochs": [e["epoch"] for e in timed]}
     if steps_per_epoch:
         steps = steps_per_epoch * len(timed)
@@ -212,14 +213,6 @@ def compare(rows: dict[str, dict]) -> dict:
 # --------------------------------------------------------------------------------------------
 # Traced runs
 # --------------------------------------------------------------------------------------------
-
-
-def _bench_set(data: Path | None) -> Path:
-    if data is not None:
-        return data
-    from crossdali.common.data.sample_data import ensure_classification
-
-    return ensure_classification(size="bench", formats=("imagefolder",)) / "imagefolder"
 
 
 def _report_file(trace: Path, nsys: str) -> Path:
@@ -258,7 +251,7 @@ def trace_backend(args, backend: str, data: Path, nsys: str, work: Path) -> dict
     metrics = next(run_dir.rglob("metrics.jsonl"), None)
     if metrics is None:
         raise RuntimeError(f"{backend}: the traced run wrote no metrics.jsonl under {run_dir}")
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = read_metrics(metrics.parent)
     steps = sum(1 for r in records if r.get("event") == "step" and r.get("epoch") == args.epochs)
     kernels, copies = read_trace(sqlite)
     return {"command": " ".join(["crossdali", *command[3:]]), **summarize(kernels, copies, epochs=args.epochs,
@@ -310,6 +303,8 @@ def main(args: argparse.Namespace) -> dict:
         out = args.out / f"gpu_timeline_{args.summarize.stem}.json"
         out.write_text(json.dumps({"benchmark": "gpu_timeline", "trace": str(args.summarize), **row}, indent=1) + "\n")
         print_rows({args.summarize.stem: row})
+        if args.steps_per_epoch is None:
+            print("per-epoch figures only: pass --steps-per-epoch for the per-step ones")
         print(f"wrote {out}")
         return row
     nsys = args.nsys or shutil.which("nsys")
@@ -319,7 +314,7 @@ def main(args: argparse.Namespace) -> dict:
     device = gpu_name()
     if device is None:
         raise usage_error("benchmarks.gpu_timeline traces a CUDA GPU's kernels: no GPU here (nvidia-smi found none)")
-    data = _bench_set(args.data)
+    data = args.data if args.data is not None else bench_set()
     report = {"benchmark": "gpu_timeline", "framework": args.framework, "device": device, "epochs": args.epochs,
               "split_ms": SPLIT_MS, "long_gap_ms": LONG_GAP_MS, "rows": {}}
     out = args.out / f"gpu_timeline_{args.framework}.json"

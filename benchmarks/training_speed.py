@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import gpu_name, round_spread, usage_error
+from benchmarks import bench_set, gpu_name, round_spread, usage_error
 from benchmarks.plot import backend_color, bar_png
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -325,14 +325,6 @@ def plot(report: dict, png: Path) -> Path | None:
               f"{'AMP' if report['amp'] else 'float32'}, batch {report['batch_size']}; {report['device']}")
 
 
-def _bench_set(size: str) -> Path:
-    """The classification sample set of ``size`` (built if missing, JPEG folders only): every row reads it
-    through ``--data``, as a user's own data would be."""
-    from crossdali.common.data.sample_data import ensure_classification
-
-    return ensure_classification(size=size, formats=("imagefolder",)) / "imagefolder"
-
-
 def _device() -> str:
     """The GPU's name (nvidia-smi, so this process imports no framework), else the CPU."""
     return gpu_name() or platform.processor() or "cpu"
@@ -354,7 +346,7 @@ def main(args: argparse.Namespace) -> dict:
     backends = parse_backends(args.backends, args.framework)
     variants = parse_variants(args.variant)
     modes = parse_modes(args.modes)
-    args.data = _bench_set(args.sample_size)
+    args.data = bench_set(args.sample_size)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"training_speed_{args.framework}.json"
     report = {"benchmark": "training_speed", "command": shlex.join(["python", "-m", "benchmarks.training_speed",
