@@ -106,7 +106,7 @@ def steady_state(metrics: Path, *, warmup_epochs: int = 1) -> dict:
     return {"steps": len(steps), "images": sum(r["samples"] for r in steps), "seconds": seconds,
             # what the script ran with, from its start record (PyTorch's: CUDA queues, fused optimizer)
             **{k: start[k] for k in ("cuda_queues", "fused_optimizer", "pipelines", "cuda_graphs", "jit_compile",
-                                     "read_loss_every")
+                                     "read_loss_every", "handover")
                if k in start},
             "img_s": sum(r["samples"] for r in steps) / seconds, "data_wait_share": wait / seconds,
             "median_step_ms": 1000 * times[len(times) // 2], "mean_data_wait_ms": 1000 * wait / len(steps),

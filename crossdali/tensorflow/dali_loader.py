@@ -10,11 +10,19 @@ samples (``EpochPlan``: the reader pads every shard to the same number of batche
 Python to the tensors one long-lived iterator hands out, so GPU batches are sliced where they are
 and never copied; ``loader.epoch_dataset`` applies the same table with tf.data ops, and
 ``loader.dataset`` (for ``model.fit``) is, for train on a GPU, the stream itself without padding.
+
+Hand-over. Iterating the loader takes each batch from the pipeline in one of two ways (``handover``):
+``dataset``, DALIDataset's own op, which copies the batch into TensorFlow's memory on TensorFlow's compute
+stream and waits for that copy, i.e. for every step already queued there; or ``dlpack``, the pipeline run
+directly and its outputs shared with TensorFlow through DLPack, without a copy and waiting only for DALI's
+own stream. TensorFlow cannot say when its queued kernels have read a shared buffer, so the loader keeps
+the last ``hold_batches`` batches' DALI buffers alive (docs/tensorflow.md#the-hand-over).
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import logging
 import math
@@ -30,7 +38,8 @@ from crossdali.common.loading.loaders import SplitPlan
 from crossdali.common.options import PipelineOptions
 from crossdali.tensorflow.devices import enable_memory_growth, tf_device
 
-__all__ = ["DALILoader", "EpochPlan", "NO_DALI_CHECKPOINTS", "check_pipeline_outputs", "dali_dataset", "pipeline_run_kwargs"]
+__all__ = ["DALILoader", "EpochPlan", "HANDOVERS", "NO_DALI_CHECKPOINTS", "check_pipeline_outputs", "dali_dataset",
+           "pipeline_run_kwargs"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,10 @@ NO_DALI_CHECKPOINTS = ("DALIDataset cannot restore a DALI pipeline checkpoint: o
                        "checkpoint=... it still starts at the first batch of a fresh run (measured with DALI 2.4), "
                        "and it has no way to save one. TensorFlow loaders resume at epoch boundaries "
                        "(state_dict/load_state_dict); leave checkpointing off")
+
+
+#: How iterating a loader takes its batches from DALI (``DALILoader``'s ``handover``).
+HANDOVERS = ("dataset", "dlpack")
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,15 +242,28 @@ class DALILoader:
     sample holds that many samples (video's ``clips_per_read``): outputs arrive as ``(n, unfold, ...)``
     (``output_shapes`` declare that) and leave as ``(n * unfold, ...)``; ``batch_size`` and
     ``num_samples`` count the unfolded samples.
+
+    ``handover`` (``HANDOVERS``): how iteration takes each batch from DALI, through ``DALIDataset`` (``dataset``,
+    a copy into TensorFlow's memory that waits for TensorFlow's queued work) or through DLPack (``dlpack``, no copy;
+    the last ``hold_batches`` batches' DALI buffers are kept alive, since TensorFlow may still be reading them:
+    a loop must not run more than that many batches ahead of the GPU, and any loop that reads a step's result
+    from the GPU within that many steps does not). ``dataset``/``epoch_dataset``/``stream_dataset`` are
+    ``DALIDataset`` whatever the hand-over.
     """
 
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
                  names: tuple[str, ...], output_shapes, output_dtypes, reader_name: str,
                  explain: Callable[[Exception], Exception], flatten: tuple[str, ...] = ("labels",),
                  twin_on_cpu: bool = True, host_outputs: bool = False, unfold: int = 1,
-                 continuous: bool = False) -> None:
+                 continuous: bool = False, handover: str = "dataset", hold_batches: int = 4) -> None:
         if options.checkpoint is not None:
             raise ValueError(NO_DALI_CHECKPOINTS)
+        if handover not in HANDOVERS:
+            raise ValueError(f"handover must be one of {', '.join(HANDOVERS)}, got {handover!r}")
+        if hold_batches < 1:
+            raise ValueError(f"hold_batches must be at least 1, got {hold_batches}")
+        self.handover, self.hold_batches = handover, hold_batches
+        self._pipe, self._held = None, collections.deque()
         self.plan, self.source, self.policy, self.backend = plan, plan.source, plan.policy, plan.backend
         self.unfold = unfold
         self.batch_size, self.num_classes = options.batch_size * unfold, plan.num_classes
@@ -245,11 +271,19 @@ class DALILoader:
         if options.device == "gpu":
             enable_memory_growth()  # before anything below touches the GPU
         self.device = tf_device(options.pipeline_device_id)
+        if handover == "dlpack" and self.device not in ("/CPU:0", f"/GPU:{options.pipeline_device_id}"):
+            # TensorFlow places a DLPack tensor on "GPU:<the CUDA device number>" (tensorflow/c/eager/dlpack.cc)
+            raise ValueError(f"the dlpack hand-over needs TensorFlow to number the GPUs as CUDA does, but CUDA device "
+                             f"{options.pipeline_device_id} is TensorFlow's {self.device} (set_visible_devices hides "
+                             "others): make one GPU visible per process with CUDA_VISIBLE_DEVICES, or use "
+                             "handover='dataset'")
         shapes = tuple(tf.TensorShape(s) for s in output_shapes)
         dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
         self._epoch0, self._pos, self._it, self._closed = 0, 0, None, False
         self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
-        self._raw = self._raw_dataset(build, options, shapes, dtypes, host_outputs=host_outputs)
+        self._raw = None if handover == "dlpack" else self._raw_dataset(build, options, shapes, dtypes,
+                                                                         host_outputs=host_outputs)
+        self._build_pipe = functools.partial(build, options)
         # what stream_dataset needs: a second pipeline, built only if that view is used
         self._stream_args = (build, options, shapes, dtypes, host_outputs)
         self._continuous = continuous and unfold == 1 and options.global_order is None and all(
@@ -299,6 +333,10 @@ class DALILoader:
     def _next(self) -> tuple:
         if self._closed:
             raise RuntimeError("this loader was closed (close() released its DALI pipeline): create a new one")
+        if self.handover == "dlpack":
+            batch = self._shared_batch()
+            self._pos += 1
+            return batch
         try:  # the iterator's start runs the pipeline's first batches: a bad sample fails there already
             with tf.device(self.device):  # the iterator (and with it the batches) on the pipeline's device
                 if self._it is None:
@@ -310,10 +348,36 @@ class DALILoader:
         self._pos += 1
         return batch
 
+    def _shared_batch(self) -> tuple:
+        """The pipeline's next batch as TensorFlow tensors over DALI's own buffers (the ``dlpack`` hand-over)."""
+        try:
+            if self._pipe is None:
+                pipe = self._build_pipe()
+                pipe.build()
+                if not getattr(pipe, "_exec_dynamic", False):  # DALI would then reuse the buffers TensorFlow holds
+                    raise ValueError("the dlpack hand-over needs DALI's default (dynamic) executor, which keeps "
+                                     "each batch's buffers until they are released: build the pipeline without "
+                                     "exec_dynamic=False and with one prefetch depth, or use handover='dataset'")
+                self._pipe = pipe
+                _OPEN_LOADERS.add(self)
+            outputs = self._pipe.run()
+        except RuntimeError as e:
+            raise self._explain(e) from e
+        self._held.append(outputs)
+        while len(self._held) > self.hold_batches:
+            self._held.popleft()
+        # __dlpack__() with no stream waits on the host for DALI's stream only, not TensorFlow's
+        batch = tuple(tf.experimental.dlpack.from_dlpack(out.as_tensor().__dlpack__()) for out in outputs)
+        if self.device != "/CPU:0":
+            with tf.device(self.device):  # outputs DALI left on the host (host_outputs) go to the GPU
+                batch = tuple(x if "GPU" in x.device else tf.identity(x) for x in batch)
+        return batch
+
     def close(self) -> None:
         """Release the DALI pipeline and its iterator now (also done for every open loader at exit);
         the loader cannot be iterated afterwards."""
-        self._it, self._closed = None, True
+        self._it, self._pipe, self._closed = None, None, True
+        self._held.clear()
         _OPEN_LOADERS.discard(self)
 
     def __iter__(self) -> Iterator[tuple[tf.Tensor, ...]]:
@@ -378,7 +442,7 @@ class DALILoader:
     def load_state_dict(self, state: dict) -> None:
         if "dali" in state:
             raise ValueError("this loader state holds a DALI checkpoint (a PyTorch loader's); " + NO_DALI_CHECKPOINTS)
-        self._epoch0, self._pos, self._it = int(state["epoch"]), 0, None
+        self._epoch0, self._pos, self._it, self._pipe = int(state["epoch"]), 0, None, None
         if int(state.get("batches", 0)):
             log.warning("loader state saved %d batches into epoch %d: TensorFlow's DALI loaders resume at epoch "
                         "boundaries, so that epoch starts again from its first batch", state["batches"],

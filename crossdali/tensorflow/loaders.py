@@ -241,6 +241,8 @@ def create_classification_loader(
     last_batch: str | None = None,
     checkpointing: bool = False,
     auto_augment: str = "none",
+    handover: str = "dataset",
+    hold_batches: int = 4,
 ) -> DALILoader | NativeLoader | SyntheticLoader:
     """A loader of ``(images, labels)`` TensorFlow batches for the train or val split of ``data``,
     from any backend. The result implements ``crossdali.common.loading.loaders.Loader``; images are
@@ -268,6 +270,10 @@ def create_classification_loader(
         auto_augment: the train pipeline's augmentation policy (``crossdali.common.augment``: ``none``,
             ``autoaugment``, ``randaugment``, ``trivialaugment``), the same pixels in every framework for a
             given seed; DALI backends only.
+        handover: how iterating a DALI loader takes its batches: ``dataset`` (``DALIDataset``, a copy that waits
+            for TensorFlow's queued work) or ``dlpack`` (DALI's buffers shared, no copy; see ``DALILoader``).
+        hold_batches: with ``dlpack``, the batches whose DALI buffers stay alive after they are handed out: more
+            than the steps a loop runs ahead of the GPU.
     """
     plan = prepare_split(data, train=train, backend=backend, backends=BACKENDS, source_type=DataSource,
                          resolve=lambda d, split: resolve_source(d, split, format=data_format),
@@ -289,7 +295,8 @@ def create_classification_loader(
                       names=("images", "labels"), reader_name=READER_NAME,
                       output_shapes=((batch_size, *_image_shape(transform)), (batch_size, 1)),
                       output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
-                      explain=lambda e: explain_decode_failure(source, e), continuous=True)
+                      explain=lambda e: explain_decode_failure(source, e), continuous=True, handover=handover,
+                      hold_batches=hold_batches)
 
 
 def create_classification_dataset(data: str | Path | DataSource, *, train: bool, **kwargs) -> tf.data.Dataset:

@@ -278,8 +278,13 @@ def load_data(args, runtime: Runtime, backend: str):
     check = dict(format=args.data_format, exclude=args.exclude, validate=not args.skip_check)
     train_src = resolve_source(data, "train", **check)
     val_src = resolve_source(data, "val", **check)
-    train_loader = create_classification_loader(train_src, train=True, auto_augment=auto_augment, **common)
-    val_loader = create_classification_loader(val_src, train=False, **common)
+    # --handover dlpack: a batch's DALI buffers must outlive the step that reads it. Handed out but not yet
+    # known done: up to read-loss-every + 1 queued steps (ReadBehind) and fetch-ahead + 1 batches in the
+    # fetching thread; one more for margin. Evaluation reads each step's result before the next batch.
+    hold = args.read_loss_every + args.fetch_ahead + 3
+    train_loader = create_classification_loader(train_src, train=True, auto_augment=auto_augment,
+                                                handover=args.handover, hold_batches=hold, **common)
+    val_loader = create_classification_loader(val_src, train=False, handover=args.handover, **common)
     num_classes = resolve_num_classes(args.num_classes, train_src.num_classes, data_format=train_src.format, data=data)
     names = label_names(train_src, num_classes=num_classes, sample=args.data is None)
     return train_loader, val_loader, num_classes, names
@@ -374,7 +379,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
                   epochs=args.epochs, jit_compile=jit_compile, cuda_queues=queues if on_gpu else None,
-                  read_loss_every=args.read_loss_every, **defaults.record())
+                  read_loss_every=args.read_loss_every, handover=args.handover, **defaults.record())
     def validate(eval_step) -> dict[str, float]:
         if args.multi_label:
             return evaluate_multilabel(eval_step, val_loader, runtime=runtime)

@@ -27,10 +27,13 @@ SHARED = ["--data", "--data-format", "--sample-size", "--data-backend", "-j", "-
 #: --jit-compile (XLA for the train step) is TensorFlow's only: the JAX script always compiles its step with
 #: XLA, and PyTorch's and MXNet's have no XLA; --fetch-ahead (a thread fetching the batches) is TensorFlow's
 #: only: DALIDataset's next() waits for TensorFlow's compute stream, where DALI's PyTorch, MXNet and JAX
-#: iterators hand over batches without waiting for the running step; --cuda-graphs is PyTorch's only: XLA
+#: iterators hand over batches without waiting for the running step (--handover dlpack takes DALI's batches
+#: without DALIDataset, as those iterators do; --read-loss-every answers TensorFlow's copy of the loss waiting
+#: for its whole stream); --cuda-graphs is PyTorch's only: XLA
 #: (TensorFlow's --jit-compile, JAX) and MXNet's symbolic graphs launch a step their own way
 ONLY_IN: dict[str, set[str]] = {"pytorch": {"--pipelines", "--cuda-graphs", "--global-order"},
-                                "tensorflow": {"--jit-compile", "--fetch-ahead", "--read-loss-every"}}
+                                "tensorflow": {"--jit-compile", "--fetch-ahead", "--read-loss-every",
+                                               "--handover"}}
 
 
 def _parser(framework: str):

@@ -114,6 +114,11 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "once the next step is launched). TensorFlow's copy of the loss to the host waits for "
                              "everything queued on its compute stream, so each read leaves the GPU idle while the host "
                              "launches the next step: N spreads that over N steps (docs/tensorflow.md)")
+    parser.add_argument("--handover", choices=("dataset", "dlpack"), default="dataset",
+                        help="how the loop takes DALI's batches: dataset (DALIDataset: a copy on TensorFlow's stream "
+                             "that waits for the steps queued there) or dlpack (DALI's buffers shared without a copy, "
+                             "kept alive until the steps that read them are done; one GPU per process numbered as CUDA "
+                             "does) (docs/tensorflow.md#the-hand-over)")
     add_multi_label_arg(parser)
     return parser
 

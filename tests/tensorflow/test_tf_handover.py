@@ -1,0 +1,82 @@
+"""The ``dlpack`` hand-over (DALI's buffers shared with TensorFlow, no ``DALIDataset``) gives the batches the
+``dataset`` hand-over gives: the same pixels and labels in the same order, the same epochs over shards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+pytest.importorskip("nvidia.dali.plugin.tf")
+
+from crossdali.common.distributed import DistInfo  # noqa: E402
+from crossdali.tensorflow import create_classification_loader  # noqa: E402
+
+pytestmark = pytest.mark.tensorflow
+
+
+def _epochs(loader, n):
+    return [[(images.numpy(), labels.numpy()) for images, labels in loader] for _ in range(n)]
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_dlpack_hands_over_the_batches_dalidataset_does(tiny_classification, train):
+    """Two epochs (train: the second reshuffled and re-augmented), the last batch short: every batch equal to
+    the bit, and the dlpack batches are TensorFlow tensors that outlive the loader's later batches."""
+    epochs = {}
+    for handover in ("dataset", "dlpack"):
+        loader = create_classification_loader(tiny_classification / "imagefolder", train=train, backend="dali-cpu",
+                                              batch_size=16, crop_size=32, workers=2, seed=3, handover=handover,
+                                              hold_batches=2)
+        epochs[handover] = _epochs(loader, 2)
+        assert loader.epoch == 2
+    assert [len(e) for e in epochs["dlpack"]] == [len(e) for e in epochs["dataset"]] == [17 if train else 4] * 2
+    for got_epoch, want_epoch in zip(epochs["dlpack"], epochs["dataset"]):
+        for (images, labels), (want_images, want_labels) in zip(got_epoch, want_epoch):
+            assert images.dtype == want_images.dtype == np.float32 and labels.dtype == np.int64
+            np.testing.assert_array_equal(labels, want_labels)
+            np.testing.assert_array_equal(images, want_images)
+    if train:  # the second epoch is another draw, not the first one again
+        assert not np.array_equal(epochs["dlpack"][0][0][0], epochs["dlpack"][1][0][0])
+
+
+def test_dlpack_val_is_every_sample_once_over_shards(indexed_val_source, assert_epoch_coverage):
+    """55 samples over 2 ranks, 3 epochs (DALI pads every shard and rotates them between epochs)."""
+    seen: list[list[list[int]]] = [[], [], []]
+    for rank in range(2):
+        loader = create_classification_loader(indexed_val_source, train=False, backend="dali-cpu", batch_size=8,
+                                              crop_size=16, workers=1, dist=DistInfo(rank, 2, rank, "test"),
+                                              handover="dlpack")
+        for epoch in range(3):
+            seen[epoch].append([i for _, lab in loader for i in lab.numpy().tolist()])
+    for epoch in seen:
+        assert_epoch_coverage(epoch, indexed_val_source.num_samples)
+
+
+def test_dlpack_loader_state_resumes_at_the_epoch(indexed_val_source):
+    """Epoch-level state, as with DALIDataset: a restored loader starts its epoch in a fresh run's order."""
+    common = dict(train=False, backend="dali-cpu", batch_size=8, crop_size=16, workers=1, handover="dlpack")
+    loader = create_classification_loader(indexed_val_source, **common)
+    first = [i for _, lab in loader for i in lab.numpy().tolist()]
+    restored = create_classification_loader(indexed_val_source, **common)
+    restored.load_state_dict(loader.state_dict())
+    assert restored.epoch == 1
+    assert sorted(i for _, lab in restored for i in lab.numpy().tolist()) == sorted(first) == list(range(55))
+
+
+def test_bad_handover_arguments_are_clear_errors(tiny_classification):
+    with pytest.raises(ValueError, match=r"handover must be one of dataset, dlpack, got 'cuda'"):
+        create_classification_loader(tiny_classification / "imagefolder", train=False, backend="dali-cpu",
+                                     batch_size=8, crop_size=16, handover="cuda")
+    with pytest.raises(ValueError, match=r"hold_batches must be at least 1, got 0"):
+        create_classification_loader(tiny_classification / "imagefolder", train=False, backend="dali-cpu",
+                                     batch_size=8, crop_size=16, handover="dlpack", hold_batches=0)
+
+
+def test_closed_dlpack_loader_says_so(tiny_classification):
+    loader = create_classification_loader(tiny_classification / "imagefolder", train=False, backend="dali-cpu",
+                                          batch_size=8, crop_size=16, workers=1, handover="dlpack")
+    next(iter(loader))
+    loader.close()
+    with pytest.raises(RuntimeError, match="this loader was closed"):
+        next(iter(loader))
