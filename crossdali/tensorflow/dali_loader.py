@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import tensorflow as tf
 
+from crossdali.common.errors import UsageError
 from crossdali.common.loading.epochs import LastBatchPolicy
 from crossdali.common.loading.loaders import SplitPlan
 from crossdali.common.options import PipelineOptions
@@ -50,8 +51,9 @@ NO_DALI_CHECKPOINTS = ("DALIDataset cannot restore a DALI pipeline checkpoint: o
                        "(state_dict/load_state_dict); leave checkpointing off")
 
 
-#: How iterating a loader takes its batches from DALI (``DALILoader``'s ``handover``).
-HANDOVERS = ("dataset", "dlpack")
+#: How iterating a loader takes its batches from DALI (``DALILoader``'s ``handover``; ``auto``: ``dlpack``
+#: where TensorFlow can place the shared buffers, else ``dataset``).
+HANDOVERS = ("auto", "dataset", "dlpack")
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,8 +249,10 @@ class DALILoader:
     a copy into TensorFlow's memory that waits for TensorFlow's queued work) or through DLPack (``dlpack``, no copy;
     the last ``hold_batches`` batches' DALI buffers are kept alive, since TensorFlow may still be reading them:
     a loop must not run more than that many batches ahead of the GPU, and any loop that reads a step's result
-    from the GPU within that many steps does not). ``dataset``/``epoch_dataset``/``stream_dataset`` are
-    ``DALIDataset`` whatever the hand-over.
+    from the GPU within that many steps does not); ``auto`` is ``dlpack`` unless TensorFlow numbers the GPU
+    otherwise than CUDA (several GPUs visible, one chosen with ``set_visible_devices``). The attribute holds
+    the hand-over chosen. ``dataset``/``epoch_dataset``/``stream_dataset`` are ``DALIDataset`` whatever the
+    hand-over.
     """
 
     def __init__(self, plan: SplitPlan, options: PipelineOptions, build: Callable[[PipelineOptions], object], *,
@@ -271,23 +275,37 @@ class DALILoader:
         if options.device == "gpu":
             enable_memory_growth()  # before anything below touches the GPU
         self.device = tf_device(options.pipeline_device_id)
-        if handover == "dlpack" and self.device not in ("/CPU:0", f"/GPU:{options.pipeline_device_id}"):
-            # TensorFlow places a DLPack tensor on "GPU:<the CUDA device number>" (tensorflow/c/eager/dlpack.cc)
-            raise ValueError(f"the dlpack hand-over needs TensorFlow to number the GPUs as CUDA does, but CUDA device "
+        # TensorFlow places a DLPack tensor on "GPU:<the CUDA device number>" (tensorflow/c/eager/dlpack.cc)
+        shareable = self.device in ("/CPU:0", f"/GPU:{options.pipeline_device_id}")
+        if handover == "auto":
+            self.handover = handover = "dlpack" if shareable else "dataset"
+            if not shareable:
+                log.info("CUDA device %d is TensorFlow's %s: batches go through DALIDataset (the dlpack hand-over "
+                         "needs one GPU visible per process, e.g. CUDA_VISIBLE_DEVICES)", options.pipeline_device_id,
+                         self.device)
+        if handover == "dlpack" and not shareable:
+            raise UsageError(f"the dlpack hand-over needs TensorFlow to number the GPUs as CUDA does, but CUDA device "
                              f"{options.pipeline_device_id} is TensorFlow's {self.device} (set_visible_devices hides "
                              "others): make one GPU visible per process with CUDA_VISIBLE_DEVICES, or use "
-                             "handover='dataset'")
+                             "handover='dataset' (--handover dataset)")
         shapes = tuple(tf.TensorShape(s) for s in output_shapes)
         dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
         self._epoch0, self._pos, self._it, self._closed = 0, 0, None, False
         self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
-        self._raw = None if handover == "dlpack" else self._raw_dataset(build, options, shapes, dtypes,
-                                                                         host_outputs=host_outputs)
+        self._raw_args = (build, options, shapes, dtypes, host_outputs)
+        if handover == "dataset":
+            self._raw  # noqa: B018 (built now: its errors surface here, as they always have)
         self._build_pipe = functools.partial(build, options)
         # what stream_dataset needs: a second pipeline, built only if that view is used
         self._stream_args = (build, options, shapes, dtypes, host_outputs)
         self._continuous = continuous and unfold == 1 and options.global_order is None and all(
             s[1:].num_elements() == 1 for n, s in zip(names, shapes) if n in flatten)
+
+    @functools.cached_property
+    def _raw(self) -> tf.data.Dataset:
+        """The endless DALIDataset of the ``dataset`` hand-over and of the tf.data views."""
+        build, options, shapes, dtypes, host_outputs = self._raw_args
+        return self._raw_dataset(build, options, shapes, dtypes, host_outputs=host_outputs)
 
     def _raw_dataset(self, build, options: PipelineOptions, shapes, dtypes, *, host_outputs: bool) -> tf.data.Dataset:
         """The endless DALIDataset the epoch plan is applied to."""

@@ -271,7 +271,8 @@ def create_classification_loader(
             ``autoaugment``, ``randaugment``, ``trivialaugment``), the same pixels in every framework for a
             given seed; DALI backends only.
         handover: how iterating a DALI loader takes its batches: ``dataset`` (``DALIDataset``, a copy that waits
-            for TensorFlow's queued work) or ``dlpack`` (DALI's buffers shared, no copy; see ``DALILoader``).
+            for TensorFlow's queued work), ``dlpack`` (DALI's buffers shared, no copy; see ``DALILoader``) or
+            ``auto`` (``dlpack`` where TensorFlow can place them).
         hold_batches: with ``dlpack``, the batches whose DALI buffers stay alive after they are handed out: more
             than the steps a loop runs ahead of the GPU.
     """

@@ -163,10 +163,11 @@ def train_one_epoch(train_step, optimizer, loader, *, step0: int, schedule, runt
     copy of a loss to the host waits for the step just launched too, so each read leaves the GPU idle while
     the host takes the next batch, sets the learning rate and launches the step.
 
-    ``fetch_ahead_batches`` > 0: a background thread fetches the batches (``--fetch-ahead``).
-    ``DALIDataset``'s next() copies the batch on TensorFlow's compute stream and waits for that
-    stream, so fetched here it waits for the steps already queued; from the thread it waits beside
-    them (docs/tensorflow.md)."""
+    ``fetch_ahead_batches`` > 0: a background thread fetches the batches (``--fetch-ahead``). With
+    ``--handover dataset``, ``DALIDataset``'s next() copies the batch on TensorFlow's compute stream and
+    waits for that stream, so fetched here it waits for the steps already queued; from the thread it
+    waits beside them. ``--handover dlpack`` (the default where it can) waits for DALI's stream only
+    (docs/tensorflow.md#the-hand-over)."""
     data_wait = 0.0
     start = time.perf_counter()
     losses = ReadBehind(steps, every=read_loss_every)
@@ -379,7 +380,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     metrics.write(event="start", task="classification", framework="tensorflow", arch=args.arch, backend=backend,
                   world_size=runtime.dist.world_size, engine=runtime.engine, batch_size=args.batch_size, lr=base_lr,
                   epochs=args.epochs, jit_compile=jit_compile, cuda_queues=queues if on_gpu else None,
-                  read_loss_every=args.read_loss_every, handover=args.handover, **defaults.record())
+                  read_loss_every=args.read_loss_every, handover=getattr(train_loader, "handover", None),
+                  **defaults.record())
     def validate(eval_step) -> dict[str, float]:
         if args.multi_label:
             return evaluate_multilabel(eval_step, val_loader, runtime=runtime)

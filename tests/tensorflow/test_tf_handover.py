@@ -53,6 +53,14 @@ def test_dlpack_val_is_every_sample_once_over_shards(indexed_val_source, assert_
         assert_epoch_coverage(epoch, indexed_val_source.num_samples)
 
 
+def test_dlpack_loader_keeps_its_tf_data_views(indexed_val_source, assert_epoch_coverage):
+    """``loader.dataset`` (for ``model.fit``) is DALIDataset whatever the hand-over: one val epoch, every sample."""
+    loader = create_classification_loader(indexed_val_source, train=False, backend="dali-cpu", batch_size=8,
+                                          crop_size=16, workers=1, handover="dlpack")
+    assert_epoch_coverage([[i for _, lab in loader.dataset for i in lab.numpy().tolist()]],
+                          indexed_val_source.num_samples)
+
+
 def test_dlpack_loader_state_resumes_at_the_epoch(indexed_val_source):
     """Epoch-level state, as with DALIDataset: a restored loader starts its epoch in a fresh run's order."""
     common = dict(train=False, backend="dali-cpu", batch_size=8, crop_size=16, workers=1, handover="dlpack")
@@ -65,7 +73,7 @@ def test_dlpack_loader_state_resumes_at_the_epoch(indexed_val_source):
 
 
 def test_bad_handover_arguments_are_clear_errors(tiny_classification):
-    with pytest.raises(ValueError, match=r"handover must be one of dataset, dlpack, got 'cuda'"):
+    with pytest.raises(ValueError, match=r"handover must be one of auto, dataset, dlpack, got 'cuda'"):
         create_classification_loader(tiny_classification / "imagefolder", train=False, backend="dali-cpu",
                                      batch_size=8, crop_size=16, handover="cuda")
     with pytest.raises(ValueError, match=r"hold_batches must be at least 1, got 0"):
@@ -80,3 +88,13 @@ def test_closed_dlpack_loader_says_so(tiny_classification):
     loader.close()
     with pytest.raises(RuntimeError, match="this loader was closed"):
         next(iter(loader))
+
+
+def test_auto_handover_shares_on_the_cpu(tiny_classification):
+    """``auto`` on the CPU (and wherever TensorFlow numbers the GPU as CUDA does) is ``dlpack``; the other
+    backends have no hand-over to choose."""
+    common = dict(train=False, batch_size=8, crop_size=16, workers=1, handover="auto")
+    assert create_classification_loader(tiny_classification / "imagefolder", backend="dali-cpu",
+                                        **common).handover == "dlpack"
+    assert not hasattr(create_classification_loader(tiny_classification / "imagefolder", backend="native", **common),
+                       "handover")

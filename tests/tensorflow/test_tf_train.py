@@ -150,27 +150,29 @@ def test_xla_step_trains_like_the_graph_step(data_root, tiny_classification, tmp
 
 def test_fetch_ahead_trains_on_the_same_batches(data_root, tiny_classification, tmp_path, monkeypatch):
     """``--fetch-ahead 1`` (a background thread fetches the batches) against the loop fetching them, and with
-    the losses read in blocks (``--read-loss-every 4``), and with DALI's buffers handed over through DLPack
-    (``--handover dlpack``): the same batches in the same order, so the same step losses, every sample once, and
-    the loader's epoch count right for the next epoch (the thread never reads past the epoch)."""
+    the losses read in blocks (``--read-loss-every 4``), with DALI's buffers handed over through DLPack
+    (``--handover dlpack``) and with the defaults (``auto``: DLPack; blocks of 8): the same batches in the same
+    order, so the same step losses, every sample once, and the loader's epoch count right for the next epoch (the
+    thread never reads past the epoch)."""
     monkeypatch.setenv("CROSSDALI_DATA", str(data_root))
     losses = {}
-    for name, flags in {"0": ["--fetch-ahead", "0"], "1": ["--fetch-ahead", "1"],
-                        "blocks": ["--fetch-ahead", "1", "--read-loss-every", "4"],
-                        "dlpack": ["--handover", "dlpack", "--read-loss-every", "4"]}.items():
+    one_by_one = ["--read-loss-every", "1", "--handover", "dataset"]
+    for name, flags in {"0": ["--fetch-ahead", "0", *one_by_one], "1": ["--fetch-ahead", "1", *one_by_one],
+                        "blocks": ["--fetch-ahead", "1", "--read-loss-every", "4", "--handover", "dataset"],
+                        "dlpack": ["--handover", "dlpack", "--read-loss-every", "4"],
+                        "default": []}.items():
         out = tmp_path / name
         stats = main(get_args_parser().parse_args([*FAST, "--epochs", "2", "--jit-compile", "off", *flags,
                                                    "--output-dir", str(out)]))
         assert stats["train_samples"] == 264 and stats["val_samples"] == 55
         records = read_metrics(out)
         start = next(r for r in records if r["event"] == "start")
-        assert start["read_loss_every"] == (1 if name in ("0", "1") else 4)
-        assert start["handover"] == ("dlpack" if name == "dlpack" else "dataset")
+        assert start["read_loss_every"] == {"0": 1, "1": 1, "default": 8}.get(name, 4)
+        assert start["handover"] == ("dlpack" if name in ("dlpack", "default") else "dataset")  # auto: dlpack
         losses[name] = [r["loss"] for r in records if r["event"] == "step"]
-    assert len(losses["1"]) == len(losses["0"]) == len(losses["blocks"]) == len(losses["dlpack"]) == 2 * 17
-    assert losses["1"] == pytest.approx(losses["0"], rel=1e-4)
-    assert losses["blocks"] == pytest.approx(losses["0"], rel=1e-4)
-    assert losses["dlpack"] == pytest.approx(losses["0"], rel=1e-4)
+    assert {len(v) for v in losses.values()} == {2 * 17}
+    for name in ("1", "blocks", "dlpack", "default"):
+        assert losses[name] == pytest.approx(losses["0"], rel=1e-4), name
 
 
 @pytest.mark.parametrize("every", [1, 3])

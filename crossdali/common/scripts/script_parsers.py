@@ -109,16 +109,17 @@ def tensorflow_classification(add_help: bool = True) -> argparse.ArgumentParser:
                              "batch after reading the last step's loss). DALIDataset's next() waits for the step "
                              "queued on TensorFlow's stream; from the thread it waits beside it "
                              "(docs/benchmarks.md#training-speed)")
-    parser.add_argument("--read-loss-every", type=positive_int, default=1, metavar="N",
+    parser.add_argument("--read-loss-every", type=positive_int, default=8, metavar="N",
                         help="read the step losses in blocks of N steps, the newest step still queued (1: each loss "
                              "once the next step is launched). TensorFlow's copy of the loss to the host waits for "
                              "everything queued on its compute stream, so each read leaves the GPU idle while the host "
                              "launches the next step: N spreads that over N steps (docs/tensorflow.md)")
-    parser.add_argument("--handover", choices=("dataset", "dlpack"), default="dataset",
-                        help="how the loop takes DALI's batches: dataset (DALIDataset: a copy on TensorFlow's stream "
-                             "that waits for the steps queued there) or dlpack (DALI's buffers shared without a copy, "
-                             "kept alive until the steps that read them are done; one GPU per process numbered as CUDA "
-                             "does) (docs/tensorflow.md#the-hand-over)")
+    parser.add_argument("--handover", choices=("auto", "dlpack", "dataset"), default="auto",
+                        help="how the loop takes DALI's batches: dlpack (DALI's buffers shared without a copy, kept "
+                             "alive until the steps that read them are done), dataset (DALIDataset: a copy on "
+                             "TensorFlow's stream that waits for the steps queued there), auto: dlpack where TensorFlow "
+                             "numbers the GPU as CUDA does (one GPU visible per process), else dataset "
+                             "(docs/tensorflow.md#the-hand-over)")
     add_multi_label_arg(parser)
     return parser
 
