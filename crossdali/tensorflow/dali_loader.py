@@ -292,19 +292,18 @@ class DALILoader:
         dtypes = tuple(tf.as_dtype(d) for d in output_dtypes)
         self._epoch0, self._pos, self._it, self._closed = 0, 0, None, False
         self.epochs = self._epoch_plan(build, options, shapes, dtypes, twin_on_cpu=twin_on_cpu, reader_name=reader_name)
-        self._raw_args = (build, options, shapes, dtypes, host_outputs)
+        # what the pipelines are built from: the dlpack hand-over's, the DALIDataset of iteration and of
+        # epoch_dataset (``_raw``), and stream_dataset's own, each built only when used
+        self._build_args = (build, options, shapes, dtypes, host_outputs)
         if handover == "dataset":
             self._raw  # noqa: B018 (built now: its errors surface here, as they always have)
-        self._build_pipe = functools.partial(build, options)
-        # what stream_dataset needs: a second pipeline, built only if that view is used
-        self._stream_args = (build, options, shapes, dtypes, host_outputs)
         self._continuous = continuous and unfold == 1 and options.global_order is None and all(
             s[1:].num_elements() == 1 for n, s in zip(names, shapes) if n in flatten)
 
     @functools.cached_property
     def _raw(self) -> tf.data.Dataset:
         """The endless DALIDataset of the ``dataset`` hand-over and of the tf.data views."""
-        build, options, shapes, dtypes, host_outputs = self._raw_args
+        build, options, shapes, dtypes, host_outputs = self._build_args
         return self._raw_dataset(build, options, shapes, dtypes, host_outputs=host_outputs)
 
     def _raw_dataset(self, build, options: PipelineOptions, shapes, dtypes, *, host_outputs: bool) -> tf.data.Dataset:
@@ -370,7 +369,8 @@ class DALILoader:
         """The pipeline's next batch as TensorFlow tensors over DALI's own buffers (the ``dlpack`` hand-over)."""
         try:
             if self._pipe is None:
-                pipe = self._build_pipe()
+                build, options = self._build_args[:2]
+                pipe = build(options)
                 pipe.build()
                 if not getattr(pipe, "_exec_dynamic", False):  # DALI would then reuse the buffers TensorFlow holds
                     raise ValueError("the dlpack hand-over needs DALI's default (dynamic) executor, which keeps "
@@ -423,7 +423,7 @@ class DALILoader:
     def dataset(self) -> tf.data.Dataset:
         """What ``model.fit`` takes: ``stream_dataset`` for train on a GPU where the pipeline allows it,
         else ``epoch_dataset``."""
-        if self.plan.train and self._continuous and self._stream_args[1].device == "gpu":
+        if self.plan.train and self._continuous and self._build_args[1].device == "gpu":
             return self.stream_dataset
         return self.epoch_dataset
 
@@ -445,7 +445,7 @@ class DALILoader:
         if not (self.plan.train and self._continuous):
             raise ValueError("stream_dataset is for train loaders over the classification pipeline "
                              "(val, detection and video keep their padding: use epoch_dataset)")
-        build, options, shapes, dtypes, host_outputs = self._stream_args
+        build, options, shapes, dtypes, host_outputs = self._build_args
         options = replace(options, pad_last_batch=False)
         # DALIDataset squeezes a declared (N,) from the pipeline's (N, 1): no reshape op needed
         shapes = tuple(tf.TensorShape(s[:1]) if n in self.flatten else s for n, s in zip(self.names, shapes))

@@ -63,20 +63,18 @@ def test_dali_gpu_train_epochs_stay_on_the_gpu(tiny_classification):
 
 def test_dlpack_handover_shares_the_gpu_batches(tiny_classification):
     """``handover="dlpack"``: DALI's GPU buffers handed to TensorFlow without DALIDataset; two train epochs
-    equal to the ``dataset`` hand-over's to the bit (the same pipeline and seed), on the GPU, and a batch
-    read by a step still holds its pixels after the loader has handed out more batches than it keeps alive."""
+    equal to the ``dataset`` hand-over's to the bit (the same pipeline and seed), on the GPU, compared after
+    all of them were handed out (more than the loader keeps alive: the tensors hold their own buffers)."""
     kw = dict(train=True, backend="dali-gpu", batch_size=32, crop_size=64, workers=2, device_id=0, seed=5)
     epochs = {}
     for handover in ("dataset", "dlpack"):
         loader = create_classification_loader(tiny_classification / "imagefolder", handover=handover,
                                               hold_batches=2, **kw)
         epochs[handover] = [list(loader) for _ in range(2)]
-    first = epochs["dlpack"][0][0][0]
     for got, want in zip(sum(epochs["dlpack"], []), sum(epochs["dataset"], [])):
         assert "GPU" in got[0].device and "GPU" in got[1].device, _devices(got)
         np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
         np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
-    np.testing.assert_array_equal(first.numpy(), epochs["dataset"][0][0][0].numpy())
 
 
 def test_train_dataset_stays_on_the_gpu(indexed_val_source):
