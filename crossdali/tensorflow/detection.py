@@ -49,6 +49,8 @@ def create_detection_loader(
     transform: DetectionTransform | None = None,
     last_batch: str | None = None,
     checkpointing: bool = False,
+    handover: str = "dataset",
+    hold_batches: int = 4,
 ) -> DALILoader:
     """A loader of SSD300 TF batches for the train or val split of a COCO-format folder.
 
@@ -73,6 +75,11 @@ def create_detection_loader(
         last_batch: the epoch rule's last batch overridden: ``partial`` or ``drop``.
         checkpointing: must stay off: ``DALIDataset`` cannot restore a DALI checkpoint, so ``state_dict`` is
             epoch-level.
+        handover: how iterating the loader takes its batches: ``dataset`` (``DALIDataset``, a copy that waits
+            for TensorFlow's queued work), ``dlpack`` (DALI's buffers shared, no copy; see ``DALILoader``) or
+            ``auto`` (``dlpack`` where TensorFlow can place them); ``loader.dataset`` is ``DALIDataset`` either way.
+        hold_batches: with ``dlpack``, the batches whose DALI buffers stay alive after they are handed out: more
+            than the steps a loop runs ahead of the GPU.
     """
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
@@ -96,7 +103,8 @@ def create_detection_loader(
                       names=TRAIN_OUTPUTS if train else VAL_OUTPUTS, output_shapes=shapes, output_dtypes=dtypes,
                       reader_name=READER_NAME, flatten=("image_ids",),
                       # val's boxes, labels and image ids come from the reader on the CPU: copied to the GPU
-                      host_outputs=not train, explain=lambda e: explain_detection_failure(source, e))
+                      host_outputs=not train, explain=lambda e: explain_detection_failure(source, e),
+                      handover=handover, hold_batches=hold_batches)
 
 
 def create_detection_dataset(data: str | Path | DetectionSource, **kwargs) -> tf.data.Dataset:

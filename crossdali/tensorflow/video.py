@@ -52,6 +52,8 @@ def create_video_loader(
     validate: bool = True,
     checkpointing: bool = False,
     clips_per_read: int | None = None,
+    handover: str = "dataset",
+    hold_batches: int = 4,
 ) -> DALILoader:
     """A loader of ``(clips, labels)`` TF batches for the train or val split of ``data``.
 
@@ -87,6 +89,11 @@ def create_video_loader(
         clips_per_read: train only: consecutive clips read as one sequence and handed out as separate clips,
             each with its own crop and flip; ``None``: 3 where the batch and the files allow
             (``crossdali.pytorch.create_video_loader`` says more).
+        handover: how iterating the loader takes its batches: ``dataset`` (``DALIDataset``, a copy that waits
+            for TensorFlow's queued work), ``dlpack`` (DALI's buffers shared, no copy; see ``DALILoader``) or
+            ``auto`` (``dlpack`` where TensorFlow can place them); ``loader.dataset`` is ``DALIDataset`` either way.
+        hold_batches: with ``dlpack``, the batches whose DALI buffers stay alive after they are handed out: more
+            than the steps a loop runs ahead of the GPU.
     """
     if checkpointing:
         raise ValueError(NO_DALI_CHECKPOINTS)
@@ -101,7 +108,7 @@ def create_video_loader(
                                                         (split.plan.batch_size, split.transform.clips_per_read)),
                       unfold=split.transform.clips_per_read,
                       output_dtypes=(tf.float16 if dtype == "float16" else tf.float32, tf.int64),
-                      explain=split.explain)
+                      explain=split.explain, handover=handover, hold_batches=hold_batches)
 
 
 def create_video_dataset(data: str | Path | DataSource, **kwargs) -> tf.data.Dataset:

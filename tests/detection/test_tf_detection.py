@@ -14,7 +14,12 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
 
 from crossdali.common.classification import PipelineOptions  # noqa: E402
-from crossdali.common.detection import VAL_OUTPUTS, create_detection_pipeline, resolve_detection_source  # noqa: E402
+from crossdali.common.detection import (  # noqa: E402
+    TRAIN_OUTPUTS,
+    VAL_OUTPUTS,
+    create_detection_pipeline,
+    resolve_detection_source,
+)
 from crossdali.common.distributed import DistInfo  # noqa: E402
 from crossdali.tensorflow.detection import create_detection_loader  # noqa: E402
 
@@ -53,8 +58,6 @@ def test_tf_val_identical_to_pipeline(detection_root):
 
 
 def test_tf_train_identical_to_pipeline(detection_root):
-    from crossdali.common.detection import TRAIN_OUTPUTS
-
     src = resolve_detection_source(detection_root, "train")
     pipe = create_detection_pipeline(src, train=True, options=PipelineOptions(batch_size=8, num_threads=2, seed=11))
     pipe.build()
@@ -65,17 +68,35 @@ def test_tf_train_identical_to_pipeline(detection_root):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("handover", ["dataset", "dlpack"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
-def test_tf_dali_gpu_batches_stay_on_the_gpu(detection_root, train):
-    """Every output of every batch on the GPU: images, encoded boxes and labels (train); images,
-    boxes, labels and image ids (val, whose boxes come from the reader on the CPU)."""
+def test_tf_dali_gpu_batches_stay_on_the_gpu(detection_root, train, handover):
+    """Every output of every batch on the GPU, through either hand-over: images, encoded boxes and labels
+    (train); images, boxes, labels and image ids (val, whose boxes come from the reader on the CPU)."""
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("no GPU visible to TensorFlow (tensorflow-cpu, or no CUDA GPU)")
     loader = create_detection_loader(detection_root, train=train, backend="dali-gpu", batch_size=8, workers=2,
-                                     device_id=0)
+                                     device_id=0, handover=handover)
     seen = 0
     for batch in loader:
         assert all("GPU" in x.device for x in batch), [x.device for x in batch]
         seen += int(batch[0].shape[0])
     assert seen == loader.num_samples > 0
 
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_tf_dlpack_handover_gives_the_dalidataset_batches(detection_root, train):
+    """DALI's buffers shared through DLPack: two epochs of every output equal to ``DALIDataset``'s bit for bit (val:
+    boxes and labels padded per batch, image ids from the reader on the CPU)."""
+    epochs = {}
+    for handover in ("dataset", "dlpack"):
+        loader = create_detection_loader(detection_root, train=train, batch_size=8, workers=2, seed=5,
+                                         handover=handover, hold_batches=2)
+        epochs[handover] = [[tuple(x.numpy() for x in batch) for batch in loader] for _ in range(2)]
+        assert loader.handover == handover and loader.epoch == 2
+    assert [len(e) for e in epochs["dlpack"]] == [len(e) for e in epochs["dataset"]] == [len(epochs["dataset"][0])] * 2
+    for got_epoch, want_epoch in zip(epochs["dlpack"], epochs["dataset"]):
+        for got, want in zip(got_epoch, want_epoch, strict=True):
+            for name, g, w in zip(TRAIN_OUTPUTS if train else VAL_OUTPUTS, got, want, strict=True):
+                assert g.dtype == w.dtype, name
+                np.testing.assert_array_equal(g, w, err_msg=name)

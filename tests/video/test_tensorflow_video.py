@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -84,17 +85,19 @@ def test_tf_reads_of_three_clips_unfold_into_clips(tiny_video):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("handover", ["dataset", "dlpack"])
 @pytest.mark.parametrize("codec_dir", ["", "h264"], ids=["vp9", "h264"])
-def test_tf_dali_gpu_clips_stay_on_the_gpu(request, codec_dir):
-    """NVDEC clips (VP9, and H.264 that the CPU cannot decode) and their labels on the GPU; every
-    val clip once."""
+def test_tf_dali_gpu_clips_stay_on_the_gpu(request, codec_dir, handover):
+    """NVDEC clips (VP9, and H.264 that the CPU cannot decode) and their labels on the GPU, through either
+    hand-over; every val clip once."""
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("no GPU visible to TensorFlow (tensorflow-cpu, or no CUDA GPU)")
     gpu_video = request.getfixturevalue("gpu_video")  # built only where the test runs
     from crossdali.tensorflow.video import create_video_loader
 
     loader = create_video_loader(gpu_video / codec_dir if codec_dir else gpu_video, train=False, backend="dali-gpu",
-                                 batch_size=8, sequence_length=8, stride=2, crop_size=48, device_id=0)
+                                 batch_size=8, sequence_length=8, stride=2, crop_size=48, device_id=0,
+                                 handover=handover)
     seen = 0
     for clips, labels in loader:
         assert "GPU" in clips.device and "GPU" in labels.device, (clips.device, labels.device)
@@ -102,3 +105,24 @@ def test_tf_dali_gpu_clips_stay_on_the_gpu(request, codec_dir):
         seen += int(clips.shape[0])
     assert seen == loader.num_samples > 0
 
+
+@pytest.mark.parametrize("train", [True, False], ids=["train-3-clips-a-read", "val"])
+def test_tf_dlpack_handover_gives_the_dalidataset_clips(tiny_video, train):
+    """DALI's buffers shared through DLPack: two epochs of clips and labels equal to ``DALIDataset``'s bit for bit
+    (train: reads of 3 clips unfolded into clips, the second epoch reshuffled)."""
+    from crossdali.tensorflow.video import create_video_loader
+
+    epochs = {}
+    for handover in ("dataset", "dlpack"):
+        loader = create_video_loader(tiny_video, train=train, batch_size=6, sequence_length=4, stride=2, crop_size=32,
+                                     workers=2, seed=7, clips_per_read=3 if train else None, handover=handover,
+                                     hold_batches=2)
+        epochs[handover] = [[(clips.numpy(), labels.numpy()) for clips, labels in loader] for _ in range(2)]
+        assert loader.handover == handover and loader.epoch == 2
+    assert [len(e) for e in epochs["dlpack"]] == [len(e) for e in epochs["dataset"]]
+    assert len(epochs["dataset"][0]) > 1
+    for got_epoch, want_epoch in zip(epochs["dlpack"], epochs["dataset"]):
+        for (clips, labels), (want_clips, want_labels) in zip(got_epoch, want_epoch, strict=True):
+            assert clips.dtype == want_clips.dtype and labels.dtype == want_labels.dtype
+            np.testing.assert_array_equal(labels, want_labels)
+            np.testing.assert_array_equal(clips, want_clips)
