@@ -150,22 +150,24 @@ def _train_source(data: Path):
 
 
 def run_until_steady(step: Callable[[], object], half_s: float, deadline: float, *,
-                     max_extra: int = RAMP_CHECKS, tolerance: float = RAMP_TOLERANCE) -> int:
+                     max_extra: int = RAMP_CHECKS, tolerance: float = RAMP_TOLERANCE,
+                     clock: Callable[[], float] = time.perf_counter) -> int:
     """Run ``step`` in spans of ``half_s`` seconds (at least one step each): two spans, then more while the last
     span's rate still beats the one before by more than ``tolerance``, at most ``max_extra`` more; stops at
-    ``deadline``. Returns the spans run. A pipeline whose rate still climbs is timed only once it has stopped
-    climbing: a hardware-decoder share below 1 reads low in windows under a second (docs/benchmarks.md#tune)."""
+    ``deadline`` (a ``clock`` time). Returns the spans run. A pipeline whose rate still climbs is timed only once it
+    has stopped climbing: a hardware-decoder share below 1 reads low in windows under a second
+    (docs/benchmarks.md#tune)."""
     def rate() -> float:
-        t0, n = time.perf_counter(), 0
+        t0, n = clock(), 0
         end = min(t0 + half_s, deadline)
         while True:
             step()
             n += 1
-            if time.perf_counter() >= end:
-                return n / (time.perf_counter() - t0)
+            if clock() >= end:
+                return n / (clock() - t0)
 
     previous, spans = rate(), 1
-    while time.perf_counter() < deadline and spans < 2 + max_extra:
+    while clock() < deadline and spans < 2 + max_extra:
         current = rate()
         spans += 1
         if current <= previous * (1 + tolerance):

@@ -186,29 +186,47 @@ def test_the_search_keeps_the_defaults_where_nothing_wins_by_the_margin():
     assert result.confirmed and result.best == defaults and result.defaults_images_per_s == 100.0
 
 
-def _stepper(slow_s: float, ramp_s: float, fast_s: float):
+class _Clock:
+    """Time that passes only as the steps take it: the warm-up's rule is under test, not this machine's timing
+    (real sleeps on a busy machine make spans look faster or slower at random)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stepper(clock: _Clock, slow_s: float, ramp_s: float, fast_s: float):
     """A step whose time falls from ``slow_s`` to ``fast_s`` over its first ``ramp_s`` seconds: a pipeline warming
-    up (a real sleep: the warm-up's timing is under test, not DALI)."""
-    start = time.perf_counter()
+    up."""
+    start = clock.now
 
     def step() -> None:
-        t = time.perf_counter() - start
-        time.sleep(fast_s if t >= ramp_s else slow_s - (slow_s - fast_s) * t / ramp_s)
+        t = clock.now - start
+        clock.now += fast_s if t >= ramp_s else slow_s - (slow_s - fast_s) * t / ramp_s
     return step, start
 
 
 def test_the_warm_up_lasts_until_the_rate_stops_climbing():
-    # a rate that doubles over 0.4 s: spans of 0.1 s go on while it climbs, so timing starts on the steady rate
-    step, start = _stepper(0.004, 0.4, 0.002)
-    spans = run_until_steady(step, 0.1, deadline=float("inf"), max_extra=8)
-    assert time.perf_counter() - start >= 0.4 and 5 <= spans < 2 + 8
-    # a steady rate: two spans, or a few more where the machine's noise read a span faster than the one before
-    step, _ = _stepper(0.002, 1e-9, 0.002)
-    assert 2 <= run_until_steady(step, 0.1, deadline=float("inf"), max_extra=8) < 2 + 8
-    # the deadline ends it: no span starts after it
-    step, start = _stepper(0.004, 10.0, 0.002)
-    run_until_steady(step, 0.1, deadline=start + 0.15, max_extra=8)
-    assert time.perf_counter() - start < 0.5
+    # a rate that doubles over 0.4 s: spans of 0.1 s go on while it climbs, and the last two are on the steady rate
+    clock = _Clock()
+    step, start = _stepper(clock, 0.004, 0.4, 0.002)
+    assert run_until_steady(step, 0.1, deadline=float("inf"), max_extra=8, clock=clock) == 6
+    assert clock.now - start >= 0.4 + 2 * 0.1
+    # a steady rate: two spans
+    step, _ = _stepper(clock, 0.002, 1e-9, 0.002)
+    assert run_until_steady(step, 0.1, deadline=float("inf"), max_extra=8, clock=clock) == 2
+    # a rate that doubles every span, past every check: 2 + max_extra spans
+    begin = clock.now
+
+    def doubling() -> None:
+        clock.now += 0.004 * 0.5 ** ((clock.now - begin) / 0.1)
+    assert run_until_steady(doubling, 0.1, deadline=float("inf"), max_extra=3, clock=clock) == 5
+    # the deadline ends it: no span starts after it, the last one stops at its first step past it
+    step, start = _stepper(clock, 0.004, 10.0, 0.002)
+    assert run_until_steady(step, 0.1, deadline=start + 0.15, max_extra=8, clock=clock) == 2
+    assert start + 0.15 <= clock.now < start + 0.15 + 0.004
 
 
 def _write(cache, monkeypatch, data, settings: TuneSettings, *, batch: int, crop: int, backend: str = "dali-cpu"):
