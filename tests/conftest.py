@@ -94,6 +94,32 @@ def assert_epoch_coverage():
     return _assert_epoch_coverage
 
 
+def _assert_handovers_agree(make_loader, *, outputs: tuple[str, ...], epochs: int = 2) -> list[list[tuple]]:
+    """TensorFlow's two hand-overs give the same batches: ``make_loader(handover)`` is built for ``dataset``
+    and ``dlpack``, each runs ``epochs`` epochs, and every output of every batch must match bit for bit and
+    in dtype, in the same order. Returns the ``dlpack`` epochs as NumPy tuples for the test's own checks."""
+    import numpy as np
+
+    got = {}
+    for handover in ("dataset", "dlpack"):
+        loader = make_loader(handover)
+        got[handover] = [[tuple(x.numpy() for x in batch) for batch in loader] for _ in range(epochs)]
+        assert loader.handover == handover and loader.epoch == epochs
+    assert [len(e) for e in got["dlpack"]] == [len(e) for e in got["dataset"]]
+    for got_epoch, want_epoch in zip(got["dlpack"], got["dataset"], strict=True):
+        for got_batch, want_batch in zip(got_epoch, want_epoch, strict=True):
+            for name, g, w in zip(outputs, got_batch, want_batch, strict=True):
+                assert g.dtype == w.dtype, name
+                np.testing.assert_array_equal(g, w, err_msg=name)
+    return got["dlpack"]
+
+
+@pytest.fixture(scope="session")
+def assert_handovers_agree():
+    """The one "both TensorFlow hand-overs, the same batches" check of classification, detection and video."""
+    return _assert_handovers_agree
+
+
 def _assert_finished_run(run_dir: Path, *, epochs: int, framework: str) -> list[dict]:
     """What every training script leaves in its run folder (``crossdali.common.scripts.runs``): a start
     record, step records every epoch, one epoch record per epoch, the summary of the best epoch,

@@ -15,29 +15,19 @@ from crossdali.tensorflow import create_classification_loader  # noqa: E402
 pytestmark = pytest.mark.tensorflow
 
 
-def _epochs(loader, n):
-    return [[(images.numpy(), labels.numpy()) for images, labels in loader] for _ in range(n)]
-
-
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
-def test_dlpack_hands_over_the_batches_dalidataset_does(tiny_classification, train):
+def test_dlpack_hands_over_the_batches_dalidataset_does(tiny_classification, assert_handovers_agree, train):
     """Two epochs (train: the second reshuffled and re-augmented), the last batch short: every batch equal to
     the bit, and the dlpack batches are TensorFlow tensors that outlive the loader's later batches."""
-    epochs = {}
-    for handover in ("dataset", "dlpack"):
-        loader = create_classification_loader(tiny_classification / "imagefolder", train=train, backend="dali-cpu",
-                                              batch_size=16, crop_size=32, workers=2, seed=3, handover=handover,
-                                              hold_batches=2)
-        epochs[handover] = _epochs(loader, 2)
-        assert loader.epoch == 2
-    assert [len(e) for e in epochs["dlpack"]] == [len(e) for e in epochs["dataset"]] == [17 if train else 4] * 2
-    for got_epoch, want_epoch in zip(epochs["dlpack"], epochs["dataset"]):
-        for (images, labels), (want_images, want_labels) in zip(got_epoch, want_epoch):
-            assert images.dtype == want_images.dtype == np.float32 and labels.dtype == np.int64
-            np.testing.assert_array_equal(labels, want_labels)
-            np.testing.assert_array_equal(images, want_images)
+    epochs = assert_handovers_agree(
+        lambda handover: create_classification_loader(
+            tiny_classification / "imagefolder", train=train, backend="dali-cpu", batch_size=16, crop_size=32,
+            workers=2, seed=3, handover=handover, hold_batches=2),
+        outputs=("images", "labels"))
+    assert [len(e) for e in epochs] == [17 if train else 4] * 2
+    assert all(images.dtype == np.float32 and labels.dtype == np.int64 for e in epochs for images, labels in e)
     if train:  # the second epoch is another draw, not the first one again
-        assert not np.array_equal(epochs["dlpack"][0][0][0], epochs["dlpack"][1][0][0])
+        assert not np.array_equal(epochs[0][0][0], epochs[1][0][0])
 
 
 def test_dlpack_val_is_every_sample_once_over_shards(indexed_val_source, assert_epoch_coverage):
