@@ -97,13 +97,15 @@ def assert_epoch_coverage():
 def _assert_handovers_agree(make_loader, *, outputs: tuple[str, ...], epochs: int = 2) -> list[list[tuple]]:
     """TensorFlow's two hand-overs give the same batches: ``make_loader(handover)`` is built for ``dataset``
     and ``dlpack``, each runs ``epochs`` epochs, and every output of every batch must match bit for bit and
-    in dtype, in the same order. Returns the ``dlpack`` epochs as NumPy tuples for the test's own checks."""
+    in dtype, in the same order. An epoch's batches are read as NumPy only once the epoch has ended, so a
+    ``dlpack`` batch must stay intact while the loader makes the batches after it. Returns the ``dlpack`` epochs
+    as NumPy tuples for the test's own checks."""
     import numpy as np
 
     got = {}
     for handover in ("dataset", "dlpack"):
         loader = make_loader(handover)
-        got[handover] = [[tuple(x.numpy() for x in batch) for batch in loader] for _ in range(epochs)]
+        got[handover] = [[tuple(x.numpy() for x in batch) for batch in list(loader)] for _ in range(epochs)]
         assert loader.handover == handover and loader.epoch == epochs
     assert [len(e) for e in got["dlpack"]] == [len(e) for e in got["dataset"]]
     for got_epoch, want_epoch in zip(got["dlpack"], got["dataset"], strict=True):
